@@ -1,0 +1,14 @@
+"""Built-in checks: one module per check, listed explicitly in ``ALL_CHECKS``.
+
+The order is the bootstrap suite's order: cheap first (inventory, the passive one-shots, ECC,
+PCIe, NVLink), then DCGM, RDMA loopback, burn-in, NCCL and the SDC probe. Importing this package
+loads none of torch, pynvml or kubernetes; checks import heavy modules lazily.
+"""
+
+from checks.inventory import Inventory
+
+ALL_CHECKS = (
+    Inventory,
+)
+
+__all__ = ["ALL_CHECKS"]

@@ -1,0 +1,177 @@
+"""inventory: are all the expected GPUs there, of the right model, on a good enough driver?
+
+The first check of every suite. It compares what NVML enumerates with what the PCI bus shows
+(sysfs) and with the profile: a GPU present on the bus but absent from NVML has fallen off the
+bus or failed to initialise; NVIDIA GPU functions on the bus with NVML unavailable mean a broken
+driver (``NvmlUnavailable``) — a GPU node with a broken driver must never look healthy.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from gpu_monitor.check import Check, Context
+from gpu_monitor.hw.nvml import NvmlError
+from gpu_monitor.model import NODE, Action, Kind, Result, Status, gpu_target
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    """``"535.104.05"`` -> (535, 104, 5); non-numeric parts end the tuple."""
+    out = []
+    for part in re.split(r"[.\-]", text.strip()):
+        if not part.isdigit():
+            break
+        out.append(int(part))
+    return tuple(out)
+
+
+class Inventory(Check):
+    name = "inventory"
+    kinds = frozenset({Kind.BOOTSTRAP, Kind.PASSIVE})
+    summary = "GPU count, models, UUIDs, PCI bus IDs and driver/CUDA versions vs the profile"
+    requires = frozenset()
+    interval = 60.0
+    timeout = 30.0
+    reasons = (
+        "NvmlUnavailable",
+        "GpuMissing",
+        "GpuLost",
+        "GpuCountUnexpected",
+        "GpuModelMismatch",
+        "DriverTooOld",
+        "CudaTooOld",
+        "NvmlReadError",
+    )
+
+    def poll(self, ctx: Context) -> Sequence[Result]:
+        nvml = ctx.host.nvml
+        profile = ctx.profile
+        expected = profile.expected_gpus
+        on_bus = ctx.host.sysfs.nvidia_gpus()
+        bus_addrs = sorted(d.address for d in on_bus)
+
+        if not nvml.available():
+            reason = nvml.unavailable_reason()
+            if bus_addrs:
+                return [self.result(
+                    ctx, Status.FAILED, NODE, "NvmlUnavailable",
+                    f"{len(bus_addrs)} NVIDIA GPU(s) on the PCI bus but NVML is unavailable: "
+                    f"{reason}",
+                    {"pci_bus_ids": bus_addrs, "nvml_error": reason,
+                     "expected_gpus": expected},
+                    Action.REBOOT,
+                )]
+            if expected > 0:
+                return [self.result(
+                    ctx, Status.FAILED, NODE, "GpuMissing",
+                    f"profile {profile.name} expects {expected} GPUs; none found "
+                    f"(NVML unavailable: {reason})",
+                    {"expected_gpus": expected, "found_gpus": 0, "nvml_error": reason},
+                    Action.REPLACE,
+                )]
+            return [self.ok(ctx, NODE, "no GPU expected and none found",
+                            {"expected_gpus": 0, "found_gpus": 0})]
+
+        results: list[Result] = []
+        try:
+            gpus = nvml.gpus()
+            system = nvml.system()
+        except NvmlError as exc:
+            return [self.result(
+                ctx, Status.UNKNOWN, NODE, "NvmlReadError",
+                f"cannot enumerate GPUs: {exc}", {"nvml_error": str(exc)},
+            )]
+        nvml_addrs = {g.pci_bus_id for g in gpus}
+        # NVML numbers GPUs in PCI bus order; so does CUDA with CUDA_DEVICE_ORDER=PCI_BUS_ID.
+        # A GPU on the bus but not in NVML gets the index it would have had in that order.
+        all_addrs = sorted(set(bus_addrs) | nvml_addrs)
+        missing_addrs = [a for a in bus_addrs if a not in nvml_addrs]
+        for addr in missing_addrs:
+            idx = all_addrs.index(addr)
+            results.append(self.result(
+                ctx, Status.FAILED, gpu_target(idx), "GpuMissing",
+                f"gpu:{idx} ({addr}) is on the PCI bus but not visible to NVML "
+                "(fallen off the bus or failed to initialise)",
+                {"pci_bus_id": addr, "expected_gpus": expected, "found_gpus": len(gpus)},
+                Action.REBOOT,
+            ))
+        unexplained = expected - len(gpus) - len(missing_addrs)
+        if unexplained > 0:
+            seen = {g.index for g in gpus}
+            guesses = [i for i in range(expected) if i not in seen][-unexplained:]
+            for idx in guesses:
+                results.append(self.result(
+                    ctx, Status.FAILED, gpu_target(idx), "GpuMissing",
+                    f"profile {profile.name} expects {expected} GPUs, NVML sees {len(gpus)}; "
+                    f"gpu:{idx} is missing (not on the PCI bus either)",
+                    {"expected_gpus": expected, "found_gpus": len(gpus)},
+                    Action.REPLACE,
+                ))
+        elif len(gpus) > expected:
+            results.append(self.result(
+                ctx, Status.DEGRADED, NODE, "GpuCountUnexpected",
+                f"NVML sees {len(gpus)} GPUs but profile {profile.name} expects {expected}: "
+                "is the profile right? (config expected_gpus)",
+                {"expected_gpus": expected, "found_gpus": len(gpus)},
+                Action.WATCH,
+            ))
+
+        want_name = profile.get("gpu.product_name")
+        for gpu in gpus:
+            target = gpu_target(gpu.index)
+            info = {"uuid": gpu.uuid, "name": gpu.name, "pci_bus_id": gpu.pci_bus_id,
+                    "serial": getattr(gpu, "serial", None)}
+            if getattr(gpu, "lost", False):
+                results.append(self.result(
+                    ctx, Status.FAILED, target, "GpuLost",
+                    f"{target} ({gpu.pci_bus_id}) is enumerated but NVML reports it lost "
+                    "(GPU_IS_LOST): it needs a reset or reboot",
+                    info, Action.REBOOT,
+                ))
+                continue
+            if want_name and not _name_matches(gpu.name, want_name, profile.get("match") or ()):
+                results.append(self.result(
+                    ctx, Status.FAILED, target, "GpuModelMismatch",
+                    f"{target} is a {gpu.name!r}; profile {profile.name} expects {want_name!r}",
+                    {**info, "expected_name": want_name}, Action.NONE,
+                ))
+                continue
+            results.append(self.ok(ctx, target, f"{gpu.name} {gpu.uuid}", info))
+
+        node_details = {
+            "expected_gpus": expected,
+            "found_gpus": len(gpus),
+            "driver_version": system.driver_version,
+            "cuda_driver_version": system.cuda_driver_version,
+            "uuids": [g.uuid for g in gpus],
+        }
+        min_driver = profile.get("gpu.min_driver_version")
+        if min_driver and version_tuple(system.driver_version) < version_tuple(str(min_driver)):
+            results.append(self.result(
+                ctx, Status.FAILED, NODE, "DriverTooOld",
+                f"driver {system.driver_version} is older than the required {min_driver}",
+                {**node_details, "min_driver_version": str(min_driver)}, Action.NONE,
+            ))
+        min_cuda = profile.get("gpu.min_cuda_version")
+        if min_cuda and version_tuple(system.cuda_driver_version) < version_tuple(str(min_cuda)):
+            results.append(self.result(
+                ctx, Status.FAILED, NODE, "CudaTooOld",
+                f"CUDA driver API {system.cuda_driver_version} is older than the required "
+                f"{min_cuda}",
+                {**node_details, "min_cuda_version": str(min_cuda)}, Action.NONE,
+            ))
+        if not any(r.target == NODE for r in results):
+            results.append(self.ok(
+                ctx, NODE,
+                f"{len(gpus)}/{expected} GPUs, driver {system.driver_version}, "
+                f"CUDA {system.cuda_driver_version}",
+                node_details,
+            ))
+        return results
+
+
+def _name_matches(name: str, want: str, match: Sequence[str]) -> bool:
+    if want.lower() in name.lower():
+        return True
+    return any(m.lower() in name.lower() for m in match)

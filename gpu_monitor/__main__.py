@@ -1,0 +1,5 @@
+import sys
+
+from gpu_monitor.cli import main
+
+sys.exit(main())

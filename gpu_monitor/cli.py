@@ -1,0 +1,437 @@
+"""The ``gpu-monitor`` command line: argument parsing and wiring, nothing else.
+
+Every subcommand builds the same pieces (config, host, profile, store, checks) through
+``build_env`` and hands them to the runner, the daemon or the remediation layer. Exit codes of
+one-shot commands are a contract: 0 healthy (degraded results are listed), 1 unhealthy, 2 usage
+or configuration error, 3 could not decide.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_monitor import __version__
+from gpu_monitor.model import (
+    EXIT_USAGE,
+    STATUS_SEVERITY,
+    Kind,
+    Report,
+    Status,
+)
+
+log = logging.getLogger("gpu_monitor")
+
+
+class UsageError(Exception):
+    """Bad flags, config or profile: exit 2 with this message."""
+
+
+# --- argument parsing -----------------------------------------------------------------------------
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("host and configuration")
+    g.add_argument("--config", metavar="FILE", help="YAML configuration file")
+    g.add_argument("--profile", metavar="NAME|FILE",
+                   help="expectations profile: auto (by NVML product name), a shipped name "
+                        "(h100-sxm-8, h200-sxm-8, a100-sxm-8, cpu-only) or a YAML file")
+    g.add_argument("--state", metavar="PATH",
+                   help="state database (default /var/lib/gpu-monitor/state.db; in memory with "
+                        "--simulate unless given)")
+    g.add_argument("--path.sysfs", dest="path_sysfs", default=None, metavar="DIR",
+                   help="sysfs mount point (default /sys)")
+    g.add_argument("--path.procfs", dest="path_procfs", default=None, metavar="DIR",
+                   help="procfs mount point (default /proc)")
+    g.add_argument("--path.dev", dest="path_dev", default=None, metavar="DIR",
+                   help="devfs mount point (default /dev)")
+    g.add_argument("--path.rootfs", dest="path_rootfs", default=None, metavar="DIR",
+                   help="host root filesystem (default /)")
+    g.add_argument("--kmsg", metavar="FILE",
+                   help="read the kernel log from FILE (a dmesg/journal text file, raw kmsg "
+                        "records or a FIFO) instead of <path.dev>/kmsg")
+    g.add_argument("--simulate", metavar="PROFILE",
+                   help="examine a simulated node built from PROFILE instead of this host")
+    g.add_argument("--inject", metavar="SPEC", action="append", default=[],
+                   help="with --simulate: add a fault KIND@TARGET[,key=value...] "
+                        "(repeatable; see `gpu-monitor list-faults`)")
+    g.add_argument("--node-name", help="node name in reports (default: $NODE_NAME, hostname)")
+    g.add_argument("--log-format", choices=("text", "json"), default=None)
+    g.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default=None)
+
+
+def _run_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--output", "-o", choices=("table", "json"), default="table")
+    p.add_argument("--force", action="store_true",
+                   help="run invasive checks even while other processes use the GPUs")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from gpu_monitor.sim.inject import help_text
+
+    parser = argparse.ArgumentParser(
+        prog="gpu-monitor",
+        description="GPU node-health checks, daemon and remediation.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=("exit codes: 0 healthy (degraded results listed), 1 unhealthy, "
+                "2 usage/configuration error, 3 could not decide\n\n" + help_text()),
+    )
+    parser.add_argument("--version", action="version", version=f"gpu-monitor {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    b = sub.add_parser("bootstrap", help="run the bootstrap suite once and print a report",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog=help_text())
+    _common(b)
+    _run_flags(b)
+    b.add_argument("--checks", metavar="A,B", help="run only these checks")
+    b.add_argument("--skip", metavar="C,D", action="append", default=[],
+                   help="skip these checks")
+    b.add_argument("--fail-fast", action="store_true", help="stop after the first failed check")
+    b.set_defaults(func=cmd_bootstrap)
+
+    c = sub.add_parser("check", help="run one check once",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=help_text())
+    c.add_argument("name", help="check name (see list-checks)")
+    _common(c)
+    _run_flags(c)
+    c.set_defaults(func=cmd_check)
+
+    lc = sub.add_parser("list-checks", help="list the available checks")
+    _common(lc)
+    lc.add_argument("--output", "-o", choices=("table", "json"), default="table")
+    lc.set_defaults(func=cmd_list_checks)
+
+    lf = sub.add_parser("list-faults", help="list the --inject fault kinds")
+    lf.set_defaults(func=lambda args: (print(help_text()), 0)[1])
+
+    d = sub.add_parser("daemon", help="run the passive checks continuously and serve /metrics",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=help_text())
+    _common(d)
+    d.add_argument("--listen", default=None, metavar="HOST:PORT",
+                   help="metrics and health endpoint (default 0.0.0.0:9425)")
+    d.add_argument("--once", action="store_true",
+                   help="run every enabled passive check once, print the report and exit")
+    d.add_argument("--output", "-o", choices=("table", "json"), default="table")
+    d.add_argument("--force", action="store_true")
+    d.set_defaults(func=cmd_daemon)
+    return parser
+
+
+# --- wiring ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Env:
+    config: Any
+    profile: Any
+    host: Any
+    store: Any
+    node: str
+    clock: Any
+    sim: Any = None
+    extras: dict = field(default_factory=dict)
+
+    def context(self, force: bool = False, one_shot: bool = True):
+        from gpu_monitor.check import Context
+
+        return Context(host=self.host, profile=self.profile, config=self.config, node=self.node,
+                       clock=self.clock, store=self.store, force=force, one_shot=one_shot,
+                       log=logging.getLogger("gpu_monitor.check"))
+
+    def close(self) -> None:
+        try:
+            self.host.close()
+        finally:
+            if self.store is not None:
+                self.store.close()
+
+
+def _split(values: Sequence[str] | str | None) -> list[str]:
+    if not values:
+        return []
+    if isinstance(values, str):
+        values = [values]
+    return [v.strip() for item in values for v in item.split(",") if v.strip()]
+
+
+def build_env(args: argparse.Namespace, clock=None) -> Env:
+    from gpu_monitor.clock import Clock
+    from gpu_monitor.config import ConfigError, load_config
+    from gpu_monitor.hw.paths import DEFAULT_STATE_DB, HostPaths
+    from gpu_monitor.profiles import ProfileError, load_profile
+    from gpu_monitor.sim.inject import InjectError, parse
+    from gpu_monitor.state import Store, StoreError
+
+    clock = clock or Clock()
+    try:
+        config = load_config(getattr(args, "config", None))
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+    from gpu_monitor import logs
+
+    logs.setup(getattr(args, "log_format", None) or config.log_format,
+               getattr(args, "log_level", None) or config.log_level)
+
+    node = getattr(args, "node_name", None) or config.node_name or os.environ.get(
+        "NODE_NAME") or socket.gethostname()
+    injects = getattr(args, "inject", []) or []
+    simulate = getattr(args, "simulate", None)
+    if injects and not simulate:
+        raise UsageError("--inject needs --simulate PROFILE (faults are injected into a "
+                         "simulated node, never into this host)")
+    try:
+        faults = [parse(s) for s in injects]
+    except InjectError as exc:
+        raise UsageError(f"--inject {exc}") from None
+
+    sim = None
+    profile_arg = getattr(args, "profile", None) or config.profile or "auto"
+    try:
+        if simulate:
+            from gpu_monitor.sim.node import SimulatedNode
+
+            sim_profile = load_profile(simulate)
+            try:
+                sim = SimulatedNode(sim_profile, faults, hostname=node)
+            except InjectError as exc:
+                raise UsageError(f"--inject {exc}") from None
+            host = sim.host()
+            if args.kmsg:
+                raise UsageError("--kmsg cannot be combined with --simulate (the simulated node "
+                                 "has its own kernel log)")
+            profile = sim_profile if profile_arg == "auto" else load_profile(profile_arg)
+        else:
+            from gpu_monitor.host import Host
+
+            paths = HostPaths(
+                sysfs=args.path_sysfs or "/sys",
+                procfs=args.path_procfs or "/proc",
+                dev=args.path_dev or "/dev",
+                rootfs=args.path_rootfs or "/",
+                kmsg=args.kmsg,
+            ) if (args.path_sysfs or args.path_procfs or args.path_dev or args.path_rootfs
+                  or args.kmsg) else HostPaths()
+            host = Host.real(paths)
+            profile = _auto_profile(host) if profile_arg == "auto" else load_profile(profile_arg)
+        profile = config.apply_to(profile)
+        if sim is not None:
+            profile = profile.for_simulation()
+    except (ProfileError, ConfigError) as exc:
+        if sim is not None:
+            sim.close()
+        raise UsageError(str(exc)) from None
+
+    state_path = getattr(args, "state", None) or config.state_path
+    if not state_path:
+        state_path = ":memory:" if sim is not None else DEFAULT_STATE_DB
+    try:
+        store = Store.open(state_path, clock=clock)
+    except PermissionError as exc:
+        host.close()
+        raise UsageError(f"cannot open state database {state_path}: {exc}; pass --state PATH "
+                         "(or run as root)") from None
+    except StoreError as exc:
+        host.close()
+        raise UsageError(str(exc)) from None
+    return Env(config=config, profile=profile, host=host, store=store, node=node, clock=clock,
+               sim=sim)
+
+
+def _auto_profile(host):
+    """``--profile auto``: pick by NVML product names; no GPU visible -> cpu-only."""
+    from gpu_monitor.profiles import load_profile, match_profile
+
+    names: list[str] = []
+    if host.nvml.available():
+        try:
+            names = [g.name for g in host.nvml.gpus() if not getattr(g, "lost", False)]
+        except Exception as exc:  # noqa: BLE001 - inventory will report it
+            log.warning("cannot read GPU names for --profile auto: %s", exc)
+    if not names:
+        # No GPU visible. If the bus shows NVIDIA GPUs, inventory fails with NvmlUnavailable
+        # against any profile; cpu-only keeps every other expectation quiet.
+        return load_profile("cpu-only")
+    found = match_profile(names)
+    if found is not None:
+        return found
+    log.warning("no shipped profile matches %s; using a generic profile expecting %d GPUs "
+                "(pass --profile to set real expectations)", sorted(set(names)), len(names))
+    return load_profile("cpu-only").with_overrides(
+        {"name": "generic", "gpu": {"count": len(names)}})
+
+
+def _select_checks(env: Env, kinds, only=None, skip=()):
+    from gpu_monitor.registry import RegistryError, all_check_classes, select
+
+    classes = all_check_classes()
+    try:
+        env.config.validate_checks([c.name for c in classes])
+        chosen = select(classes, kinds=kinds, only=only or None, skip=skip)
+    except RegistryError as exc:
+        raise UsageError(str(exc)) from None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if not only:
+        chosen = [c for c in chosen if env.config.check_enabled(c.name)]
+    return [c() for c in chosen]
+
+
+# --- output ---------------------------------------------------------------------------------------
+
+_MARK = {Status.OK: "ok", Status.DEGRADED: "DEGRADED", Status.FAILED: "FAILED",
+         Status.UNKNOWN: "UNKNOWN", Status.SKIPPED: "skipped"}
+
+
+def render_table(report: Report) -> str:
+    lines = [f"gpu-monitor {__version__}  node {report.node}  profile {report.profile}"]
+    by_check: dict[str, list] = {}
+    for r in report.results:
+        by_check.setdefault(r.check, []).append(r)
+    for check, results in by_check.items():
+        worst = max(results, key=lambda r: STATUS_SEVERITY[r.status]).status
+        oks = [r for r in results if r.status is Status.OK]
+        head = f"{_MARK[worst]:<9} {check}"
+        if oks and len(oks) == len(results):
+            msg = oks[0].message if len(oks) == 1 else f"{len(oks)} targets ok"
+            lines.append(f"{head:<32} {msg}")
+            continue
+        lines.append(f"{head:<32} {len(oks)} ok, {len(results) - len(oks)} not ok")
+        for r in results:
+            if r.status is Status.OK:
+                continue
+            lines.append(f"  {_MARK[r.status]:<9} {r.target:<22} {r.reason:<22} {r.message}")
+    lines.append(f"verdict: {report.verdict.value} "
+                 f"({len(report.results)} results, "
+                 f"{(report.finished_at - report.started_at).total_seconds():.1f} s)")
+    return "\n".join(lines)
+
+
+def emit(report: Report, output: str) -> None:
+    if output == "json":
+        print(json.dumps(report.to_dict(), indent=2, sort_keys=False))
+    else:
+        print(render_table(report))
+
+
+class Progress:
+    """Check, elapsed time and a rough ETA on a terminal (stderr), silent otherwise."""
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+        self.enabled = self.stream.isatty()
+        self.t0 = time.monotonic()
+        self.durations: list[float] = []
+
+    def start(self, check, i: int, total: int) -> None:
+        if not self.enabled:
+            return
+        elapsed = time.monotonic() - self.t0
+        eta = ""
+        remaining = total - i
+        if self.durations:
+            eta = f", ETA ~{(sum(self.durations) / len(self.durations)) * remaining:.0f} s"
+        self.stream.write(f"\r\x1b[K[{i + 1}/{total}] {check.name} (elapsed {elapsed:.0f} s{eta})")
+        self.stream.flush()
+
+    def done(self, outcome, i: int, total: int) -> None:
+        self.durations.append(outcome.duration_s)
+        if self.enabled and i + 1 == total:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+
+
+# --- commands --------------------------------------------------------------------------------------
+
+
+def _run(env: Env, checks, args, fail_fast: bool = False) -> int:
+    from gpu_monitor.runner import RunnerHooks, run_suite
+
+    progress = Progress()
+    hooks = RunnerHooks(on_start=progress.start, on_done=progress.done)
+    env.host.start(env.clock)
+    _, report = run_suite(checks, env.context(force=getattr(args, "force", False)),
+                          fail_fast=fail_fast, hooks=hooks)
+    emit(report, args.output)
+    return report.exit_code
+
+
+def cmd_bootstrap(args) -> int:
+    env = build_env(args)
+    try:
+        checks = _select_checks(env, kinds={Kind.BOOTSTRAP, Kind.PASSIVE},
+                                only=_split(args.checks), skip=_split(args.skip))
+        return _run(env, checks, args, fail_fast=args.fail_fast)
+    finally:
+        env.close()
+
+
+def cmd_check(args) -> int:
+    env = build_env(args)
+    try:
+        checks = _select_checks(env, kinds=None, only=[args.name])
+        return _run(env, checks, args)
+    finally:
+        env.close()
+
+
+def cmd_list_checks(args) -> int:
+    from gpu_monitor.config import ConfigError, load_config
+    from gpu_monitor.registry import all_check_classes
+
+    try:
+        config = load_config(getattr(args, "config", None))
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    rows = []
+    for cls in all_check_classes():
+        d = cls.describe()
+        d["enabled"] = bool(config.check_enabled(cls.name))
+        rows.append(d)
+    if args.output == "json":
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'NAME':<16} {'KINDS':<28} {'ENABLED':<8} {'REQUIRES':<22} SUMMARY")
+    for d in rows:
+        print(f"{d['name']:<16} {','.join(d['kinds']):<28} {'yes' if d['enabled'] else 'no':<8} "
+              f"{','.join(d['requires']) or '-':<22} {d['summary']}")
+    return 0
+
+
+def cmd_daemon(args) -> int:
+    from gpu_monitor.daemon import run_daemon
+
+    env = build_env(args)
+    try:
+        return run_daemon(env, args)
+    finally:
+        env.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits 2 on usage errors already
+        return int(exc.code or 0)
+    try:
+        return int(args.func(args))
+    except UsageError as exc:
+        print(f"gpu-monitor: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,314 @@
+"""The shared vocabulary: statuses, actions, results and reports.
+
+Every part of gpu-monitor speaks in these frozen values and nothing else: checks produce
+``Result`` objects, the store persists them, the metrics collector and the remediation policy
+read them. Keeping the vocabulary in one small module means a check never needs to know who
+consumes its output (detection is separate from delivery).
+
+The JSON form of ``Report`` is a public contract (docs/report-schema.md, ``SCHEMA_VERSION``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from enum import Enum
+from types import MappingProxyType
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+class Status(str, Enum):
+    """Outcome of one check on one target.
+
+    ``skipped``: not applicable here (no GPU, unsupported field, check disabled).
+    ``unknown``: the check could not decide; never reported as ok, never acted on alone.
+    ``degraded``: real evidence of a problem that does not yet warrant removal.
+    ``failed``: real evidence that the node must not run workloads.
+    """
+
+    OK = "ok"
+    DEGRADED = "degraded"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+    SKIPPED = "skipped"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# Severity order used to pick the "worst" of several results (skipped < ok < ...).
+STATUS_SEVERITY = {
+    Status.SKIPPED: 0,
+    Status.OK: 1,
+    Status.DEGRADED: 2,
+    Status.UNKNOWN: 3,
+    Status.FAILED: 4,
+}
+
+
+class Action(str, Enum):
+    """What a result suggests; the remediation policy decides what is actually done."""
+
+    NONE = "none"
+    WATCH = "watch"
+    RESET_GPU = "reset_gpu"
+    REBOOT = "reboot"
+    REPLACE = "replace"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+ACTION_SEVERITY = {
+    Action.NONE: 0,
+    Action.WATCH: 1,
+    Action.RESET_GPU: 2,
+    Action.REBOOT: 3,
+    Action.REPLACE: 4,
+}
+
+
+class Kind(str, Enum):
+    """When a check runs: at provisioning, continuously, or periodically on idle nodes."""
+
+    BOOTSTRAP = "bootstrap"
+    PASSIVE = "passive"
+    PERIODIC = "periodic"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Verdict(str, Enum):
+    HEALTHY = "healthy"
+    UNHEALTHY = "unhealthy"
+    UNKNOWN = "unknown"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# Exit codes of one-shot commands (a public contract, see docs/cli.md).
+EXIT_HEALTHY = 0
+EXIT_UNHEALTHY = 1
+EXIT_USAGE = 2
+EXIT_UNKNOWN = 3
+
+VERDICT_EXIT = {
+    Verdict.HEALTHY: EXIT_HEALTHY,
+    Verdict.UNHEALTHY: EXIT_UNHEALTHY,
+    Verdict.UNKNOWN: EXIT_UNKNOWN,
+}
+
+_REASON_RE = re.compile(r"^[A-Z][A-Za-z0-9]*$")
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def iso(ts: datetime) -> str:
+    """ISO 8601 in UTC with a ``Z`` suffix and microseconds dropped when zero."""
+    if ts.tzinfo is None:
+        raise ValueError("naive datetime: gpu-monitor timestamps are always UTC-aware")
+    ts = ts.astimezone(timezone.utc)
+    text = ts.isoformat(timespec="microseconds" if ts.microsecond else "seconds")
+    return text.replace("+00:00", "Z")
+
+
+def parse_iso(text: str) -> datetime:
+    if text.endswith("Z"):
+        text = text[:-1] + "+00:00"
+    ts = datetime.fromisoformat(text)
+    if ts.tzinfo is None:
+        ts = ts.replace(tzinfo=timezone.utc)
+    return ts.astimezone(timezone.utc)
+
+
+def is_reason(token: str) -> bool:
+    """Reasons are stable CamelCase tokens (``Xid79``, ``RowRemapPending``)."""
+    return bool(_REASON_RE.match(token))
+
+
+# --- targets ---------------------------------------------------------------------------------
+
+_PCI_RE = re.compile(
+    r"^(?:PCI:)?(?:(?P<domain>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):"
+    r"(?P<dev>[0-9a-fA-F]{1,2})(?:\.(?P<fn>[0-7]))?$"
+)
+
+
+def canonical_pci(address: str) -> str:
+    """Normalise a PCI address to ``0000:3b:00.0`` (4-digit domain, lower case, function).
+
+    Accepts NVML's ``00000000:3B:00.0``, the kernel log's ``PCI:0000:3b:00`` and the old
+    ``0000:03:00`` form; a missing function means function 0 (GPUs are function 0).
+    """
+    m = _PCI_RE.match(address.strip())
+    if not m:
+        raise ValueError(f"not a PCI address: {address!r}")
+    domain = int(m.group("domain") or "0", 16)
+    if domain > 0xFFFF:
+        # NVML pads the domain to 8 digits; real domains fit in 16 bits on every platform we know.
+        raise ValueError(f"PCI domain out of range: {address!r}")
+    bus = int(m.group("bus"), 16)
+    dev = int(m.group("dev"), 16)
+    fn = int(m.group("fn") or "0")
+    return f"{domain:04x}:{bus:02x}:{dev:02x}.{fn}"
+
+
+def gpu_target(index: int) -> str:
+    return f"gpu:{index}"
+
+
+def nvlink_target(gpu: int, link: int) -> str:
+    return f"nvlink:{gpu}:{link}"
+
+
+def p2p_target(src: int, dst: int) -> str:
+    return f"p2p:{src}:{dst}"
+
+
+def ib_target(device: str, port: int) -> str:
+    return f"ib:{device}:{port}"
+
+
+def pcie_target(address: str) -> str:
+    return f"pcie:{canonical_pci(address)}"
+
+
+def nvswitch_target(index: int) -> str:
+    return f"nvswitch:{index}"
+
+
+NODE = "node"
+
+
+# --- results ---------------------------------------------------------------------------------
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return MappingProxyType({str(k): _freeze(v) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def _thaw(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _thaw(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [_thaw(v) for v in value]
+    if isinstance(value, float) and value != value:  # NaN is not JSON
+        return None
+    return value
+
+
+@dataclass(frozen=True)
+class Result:
+    """One finding of one check about one target."""
+
+    check: str
+    status: Status
+    target: str = NODE
+    reason: str = "Ok"
+    message: str = ""
+    details: Mapping[str, Any] = field(default_factory=dict)
+    action: Action = Action.NONE
+    observed_at: datetime = field(default_factory=utcnow)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", Status(self.status))
+        object.__setattr__(self, "action", Action(self.action))
+        if not is_reason(self.reason):
+            raise ValueError(f"reason must be a CamelCase token, got {self.reason!r}")
+        if self.observed_at.tzinfo is None:
+            raise ValueError("observed_at must be timezone-aware (UTC)")
+        object.__setattr__(self, "details", _freeze(self.details))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "check": self.check,
+            "status": self.status.value,
+            "target": self.target,
+            "reason": self.reason,
+            "message": self.message,
+            "details": _thaw(self.details),
+            "action": self.action.value,
+            "observed_at": iso(self.observed_at),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Result:
+        return cls(
+            check=data["check"],
+            status=Status(data["status"]),
+            target=data.get("target", NODE),
+            reason=data.get("reason", "Ok"),
+            message=data.get("message", ""),
+            details=data.get("details") or {},
+            action=Action(data.get("action", "none")),
+            observed_at=parse_iso(data["observed_at"]),
+        )
+
+
+def verdict_of(results: Iterable[Result]) -> Verdict:
+    """Any ``failed`` -> unhealthy; else any ``unknown`` -> unknown; else healthy."""
+    statuses = {r.status for r in results}
+    if Status.FAILED in statuses:
+        return Verdict.UNHEALTHY
+    if Status.UNKNOWN in statuses:
+        return Verdict.UNKNOWN
+    return Verdict.HEALTHY
+
+
+@dataclass(frozen=True)
+class Report:
+    """The outcome of a suite run; ``to_dict`` is the public JSON contract (schema 1)."""
+
+    node: str
+    profile: str | None
+    started_at: datetime
+    finished_at: datetime
+    results: tuple[Result, ...]
+    tool_version: str = ""
+
+    @property
+    def verdict(self) -> Verdict:
+        return verdict_of(self.results)
+
+    @property
+    def exit_code(self) -> int:
+        return VERDICT_EXIT[self.verdict]
+
+    def to_dict(self) -> dict[str, Any]:
+        from gpu_monitor import __version__
+
+        return {
+            "schema": SCHEMA_VERSION,
+            "tool_version": self.tool_version or __version__,
+            "node": self.node,
+            "profile": self.profile,
+            "started_at": iso(self.started_at),
+            "finished_at": iso(self.finished_at),
+            "verdict": self.verdict.value,
+            "results": [r.to_dict() for r in self.results],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Report:
+        if data.get("schema") != SCHEMA_VERSION:
+            raise ValueError(f"unsupported report schema {data.get('schema')!r}")
+        return cls(
+            node=data["node"],
+            profile=data.get("profile"),
+            started_at=parse_iso(data["started_at"]),
+            finished_at=parse_iso(data["finished_at"]),
+            results=tuple(Result.from_dict(r) for r in data["results"]),
+            tool_version=data.get("tool_version", ""),
+        )

@@ -1,0 +1,194 @@
+"""Runs one check safely, and a suite of checks in order.
+
+Guarantees, in order of importance:
+1. The caller never sees an exception from a check: a crash becomes one ``unknown`` result
+   naming the exception (``CheckCrashed``), a check that overruns its timeout becomes
+   ``unknown`` (``Timeout``) and the caller moves on.
+2. A missing requirement (no NVML, no GPU, no dcgmi...) gives ``skipped`` with the reason, and
+   the check's code is not entered.
+3. Every run records its duration and whether it completed (the framework's "success", like
+   node_exporter's per-collector ``scrape_collector_success``), independent of the verdict.
+4. A check that returns nothing gets one ``ok`` result for ``node`` only when it completed, so
+   "no news" is visible; undeclared reasons are logged (tests hold checks to their declaration).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from gpu_monitor.check import Check, Context
+from gpu_monitor.model import NODE, Report, Result, Status, verdict_of
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    check: str
+    results: tuple[Result, ...]
+    started_at: datetime
+    duration_s: float
+    success: bool  # ran to completion (no crash, no timeout, requirements met)
+    error: str = ""
+
+
+@dataclass
+class RunnerHooks:
+    """Optional observers (progress display, store)."""
+
+    on_start: Callable[[type[Check] | Check, int, int], None] | None = None
+    on_done: Callable[[RunOutcome, int, int], None] | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def _framework_result(check: Check, ctx: Context, status: Status, reason: str, message: str,
+                      details: dict | None = None) -> Result:
+    return Result(check=check.name, status=status, target=NODE, reason=reason, message=message,
+                  details=details or {}, observed_at=ctx.clock.now())
+
+
+def _invasive_gate(check: Check, ctx: Context) -> tuple[Result, ...]:
+    """Invasive checks never run beside a workload or on MIG-partitioned GPUs.
+
+    Foreign GPU processes give ``unknown`` (``GpuBusy``, the node was not proven healthy) naming
+    each holder, unless ``--force``; MIG mode gives ``skipped`` (``MigEnabled``).
+    """
+    nvml = ctx.host.nvml
+    if not nvml.available():
+        return ()
+    mig = []
+    for gpu in nvml.gpus():
+        if getattr(gpu, "lost", False):
+            continue
+        try:
+            if nvml.mig_enabled(gpu.index):
+                mig.append(gpu.index)
+        except Exception:  # noqa: BLE001 - an unreadable MIG mode is not MIG
+            continue
+    if mig:
+        return tuple(
+            Result(check=check.name, status=Status.SKIPPED, target=f"gpu:{i}",
+                   reason="MigEnabled",
+                   message=f"{check.name} does not run on MIG-enabled GPUs (gpu:{i})",
+                   observed_at=ctx.clock.now())
+            for i in mig
+        )
+    if ctx.force:
+        return ()
+    holders = ctx.host.gpu_holders()
+    if not holders:
+        return ()
+    by_gpu: dict[int, list] = {}
+    for h in holders:
+        by_gpu.setdefault(h.gpu_index, []).append(h)
+    return tuple(
+        Result(
+            check=check.name, status=Status.UNKNOWN, target=f"gpu:{i}", reason="GpuBusy",
+            message=(f"{check.name} refused: gpu:{i} is in use by "
+                     + ", ".join(f"pid {h.pid} ({h.name})" for h in hs)
+                     + "; stop the workload or pass --force"),
+            details={"pids": [h.pid for h in hs], "names": [h.name for h in hs]},
+            observed_at=ctx.clock.now(),
+        )
+        for i, hs in sorted(by_gpu.items())
+    )
+
+
+def run_check(check: Check, ctx: Context, method: str = "run", record: object = None,
+              timeout: float | None = None) -> RunOutcome:
+    """Run ``check.<method>(ctx)`` with the requirement gate, timeout and crash capture."""
+    started = ctx.clock.now()
+    t0 = time.monotonic()
+    unmet = ctx.host.unmet(check.requires, ctx, invasive=check.invasive)
+    if unmet:
+        res = _framework_result(check, ctx, Status.SKIPPED, "RequirementMissing", unmet,
+                                {"requires": sorted(check.requires)})
+        return RunOutcome(check.name, (res,), started, time.monotonic() - t0, True)
+
+    if check.invasive:
+        gate = _invasive_gate(check, ctx)
+        if gate:
+            return RunOutcome(check.name, gate, started, time.monotonic() - t0, True)
+
+    limit = check.timeout if timeout is None else timeout
+    box: dict[str, object] = {}
+
+    def target() -> None:
+        try:
+            fn = getattr(check, method)
+            out = fn(record, ctx) if method == "on_kmsg" else fn(ctx)
+            box["results"] = tuple(out or ())
+        except BaseException as exc:  # noqa: BLE001 - a check must never crash its caller
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name=f"check-{check.name}", daemon=True)
+    thread.start()
+    thread.join(limit if limit and limit > 0 else None)
+    duration = time.monotonic() - t0
+    if thread.is_alive():
+        res = _framework_result(
+            check, ctx, Status.UNKNOWN, "Timeout",
+            f"{check.name} did not finish within {limit:g} s",
+            {"timeout_s": limit},
+        )
+        ctx.log.warning("check %s timed out after %.1f s", check.name, limit)
+        return RunOutcome(check.name, (res,), started, duration, False, "timeout")
+    if "error" in box:
+        exc = box["error"]
+        assert isinstance(exc, BaseException)
+        res = _framework_result(
+            check, ctx, Status.UNKNOWN, "CheckCrashed",
+            f"{check.name} crashed: {type(exc).__name__}: {exc}",
+            {"exception": type(exc).__name__, "error": str(exc)[:500]},
+        )
+        ctx.log.error("check %s crashed: %s: %s", check.name, type(exc).__name__, exc,
+                      exc_info=(type(exc), exc, exc.__traceback__))
+        return RunOutcome(check.name, (res,), started, duration, False, type(exc).__name__)
+    results = box.get("results", ())
+    assert isinstance(results, tuple)
+    bad = [r for r in results if not isinstance(r, Result)]
+    if bad:
+        res = _framework_result(check, ctx, Status.UNKNOWN, "CheckCrashed",
+                                f"{check.name} returned a non-Result value: {bad[0]!r:.80}")
+        return RunOutcome(check.name, (res,), started, duration, False, "bad-return")
+    declared = set(check.all_reasons())
+    for r in results:
+        if r.reason not in declared:
+            ctx.log.warning("check %s emitted undeclared reason %s", check.name, r.reason)
+    if not results and method != "on_kmsg":
+        results = (_framework_result(check, ctx, Status.OK, "NoResult",
+                                     f"{check.name} found nothing to report"),)
+    return RunOutcome(check.name, results, started, duration, True)
+
+
+def run_suite(checks: Sequence[Check], ctx: Context, fail_fast: bool = False,
+              hooks: RunnerHooks | None = None) -> tuple[list[RunOutcome], Report]:
+    """Run checks in the given order; stop after the first failing check with ``fail_fast``."""
+    hooks = hooks or RunnerHooks()
+    started = ctx.clock.now()
+    outcomes: list[RunOutcome] = []
+    total = len(checks)
+    for i, check in enumerate(checks):
+        if hooks.on_start:
+            hooks.on_start(check, i, total)
+        outcome = run_check(check, ctx)
+        outcomes.append(outcome)
+        if ctx.store is not None:
+            try:
+                ctx.store.record_run(outcome)
+            except Exception as exc:  # noqa: BLE001 - losing history must not lose the verdict
+                ctx.log.error("could not store results of %s: %s", check.name, exc)
+        if hooks.on_done:
+            hooks.on_done(outcome, i, total)
+        if fail_fast and any(r.status is Status.FAILED for r in outcome.results):
+            break
+    results = tuple(r for o in outcomes for r in o.results)
+    report = Report(node=ctx.node, profile=ctx.profile.name if ctx.profile else None,
+                    started_at=started, finished_at=ctx.clock.now(), results=results)
+    return outcomes, report
+
+
+def suite_verdict(outcomes: Iterable[RunOutcome]):
+    return verdict_of(r for o in outcomes for r in o.results)

@@ -1,0 +1,418 @@
+"""``--inject`` faults for the simulated node: ``KIND@TARGET[,key=value...]``.
+
+Each fault changes the simulated hardware (``NodeSpec``) and nothing else; the fake pynvml, the
+sysfs tree, the kernel-log file and the fake tools then show it at the lowest boundary, so the
+real readers and checks see it exactly as they would see real hardware.
+
+``after=SECONDS`` delays a fault, ``for=SECONDS`` ends it (for faults that unfold over time, e.g.
+``port-down@ib:mlx5_0:1,after=10,for=30``). ``count=N`` repeats a kernel-log fault (an XID burst,
+spaced ``every=SECONDS`` apart).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gpu_monitor.sim.spec import (
+    CLOCK_EVENT_HW_POWER_BRAKE,
+    CLOCK_EVENT_HW_SLOWDOWN,
+    CLOCK_EVENT_HW_THERMAL,
+    GpuSpec,
+    NodeSpec,
+    TimedLine,
+)
+
+
+class InjectError(ValueError):
+    """A malformed ``--inject`` spec; the message says what is wrong and what is accepted."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    target: str
+    params: dict[str, str] = field(default_factory=dict)
+    after_s: float = 0.0
+    for_s: float | None = None
+    text: str = ""
+
+    def int(self, key: str, default: int | None = None) -> int:
+        raw = self.params.get(key)
+        if raw is None:
+            if default is None:
+                raise InjectError(f"{self.text}: missing {key}=N")
+            return default
+        try:
+            return int(raw, 0)
+        except ValueError:
+            raise InjectError(f"{self.text}: {key}={raw!r} is not an integer") from None
+
+    def float(self, key: str, default: float | None = None) -> float:
+        raw = self.params.get(key)
+        if raw is None:
+            if default is None:
+                raise InjectError(f"{self.text}: missing {key}=X")
+            return default
+        try:
+            return float(raw)
+        except ValueError:
+            raise InjectError(f"{self.text}: {key}={raw!r} is not a number") from None
+
+    def choice(self, key: str, choices: tuple[str, ...], default: str | None = None) -> str:
+        raw = self.params.get(key, default)
+        if raw is None:
+            raise InjectError(f"{self.text}: missing {key}= (one of {', '.join(choices)})")
+        if raw not in choices:
+            raise InjectError(f"{self.text}: {key}={raw!r}: expected one of {', '.join(choices)}")
+        return raw
+
+    @property
+    def gpu_index(self) -> int:
+        return int(self.target.split(":")[1])
+
+    @property
+    def ib(self) -> tuple[str, int]:
+        _, dev, port = self.target.split(":")
+        return dev, int(port)
+
+
+@dataclass(frozen=True)
+class FaultKind:
+    name: str
+    target: str  # "gpu", "ib", "nvswitch"
+    params: tuple[str, ...]
+    summary: str
+    apply: Callable[[NodeSpec, Fault], None]
+    revert: Callable[[NodeSpec, Fault], None] | None = None
+    timed: bool = False  # may use after=/for=
+
+
+_TARGET_RES = {
+    "gpu": re.compile(r"^gpu:\d+$"),
+    "ib": re.compile(r"^ib:[A-Za-z0-9_\-]+:\d+$"),
+    "nvswitch": re.compile(r"^nvswitch:\d+$"),
+}
+_TARGET_EXAMPLES = {"gpu": "gpu:3", "ib": "ib:mlx5_0:1", "nvswitch": "nvswitch:0"}
+
+
+# --- kernel-log lines, in the real NVRM/nvswitch formats ------------------------------------------
+
+XID_TEXT = {
+    13: "Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0): Out Of Range Address",
+    31: "Ch 00000008, intr 10000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ "
+        "0x7f2a_bc000000. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ",
+    43: "Ch 00000010",
+    45: "Ch 00000010",
+    48: "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer "
+        "at partition 6, subpartition 0.",
+    63: "Row Remapper: New row marked for remapping, reset gpu to activate.",
+    64: "Row Remapper: Failed to remap a row, the row needs to be remapped.",
+    74: "NVLink: fatal error detected on link 4(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)",
+    79: "GPU has fallen off the bus.",
+    92: "High single-bit ECC error rate.",
+    94: "Contained: SM (0x1). RST: No, D-RST: No",
+    95: "Uncontained: FBHUB. RST: Yes, D-RST: No",
+    119: "Timeout after 6s of waiting for RPC response from GPU0 GSP! Expected function 76 "
+         "(GSP_RM_CONTROL) (0x20803032 0x38).",
+    120: "GSP task failure.",
+}
+APP_XIDS_WITH_PID = {13, 31, 43, 45}
+
+
+def xid_line(gpu: GpuSpec, code: int, pid: int = 21842, name: str = "python") -> str:
+    bus = gpu.pci_bus_id[: gpu.pci_bus_id.rindex(".")]  # NVRM prints domain:bus:dev
+    text = XID_TEXT.get(code, f"Unspecified error (simulated Xid {code}).")
+    if code in APP_XIDS_WITH_PID or code in (48, 63, 64, 79, 94, 95):
+        return f"NVRM: Xid (PCI:{bus}): {code}, pid={pid}, name={name}, {text}"
+    return f"NVRM: Xid (PCI:{bus}): {code}, pid='<unknown>', name=<unknown>, {text}"
+
+
+def sxid_line(switch_index: int, pci: str, code: int, fatal: bool, link: int = 30) -> str:
+    sev = "Fatal" if fatal else "Non-fatal"
+    return (f"nvidia-nvswitch{switch_index}: SXid (PCI:{pci}): {code}, {sev}, Link {link} "
+            "LTSSM Fault Up")
+
+
+# --- appliers -------------------------------------------------------------------------------------
+
+
+def _gpu(spec: NodeSpec, f: Fault) -> GpuSpec:
+    try:
+        return spec.gpu(f.gpu_index)
+    except KeyError as exc:
+        raise InjectError(f"{f.text}: {exc.args[0]}") from None
+
+
+def _gpu_missing(spec: NodeSpec, f: Fault) -> None:
+    g = _gpu(spec, f)
+    g.missing = True
+    spec.kmsg_lines.append(TimedLine(f.after_s, xid_line(g, 79)))
+
+
+def _xid(spec: NodeSpec, f: Fault) -> None:
+    g = _gpu(spec, f)
+    code = f.int("code")
+    count = f.int("count", 1)
+    every = f.float("every", 1.0)
+    for i in range(count):
+        spec.kmsg_lines.append(TimedLine(f.after_s + i * every, xid_line(g, code)))
+
+
+def _sxid(spec: NodeSpec, f: Fault) -> None:
+    idx = int(f.target.split(":")[1])
+    try:
+        sw = spec.nvswitch(idx)
+    except KeyError as exc:
+        raise InjectError(f"{f.text}: {exc.args[0]}") from None
+    code = f.int("code")
+    fatal = f.int("fatal", 0) != 0
+    if fatal:
+        sw.fatal = True
+    spec.kmsg_lines.append(TimedLine(f.after_s, sxid_line(idx, sw.pci_bus_id, code, fatal)))
+
+
+def _remap_pending(spec: NodeSpec, f: Fault) -> None:
+    g = _gpu(spec, f)
+    g.remap_pending = True
+    g.remapped_unc += 1
+    spec.kmsg_lines.append(TimedLine(f.after_s, xid_line(g, 63)))
+
+
+def _remap_failure(spec: NodeSpec, f: Fault) -> None:
+    g = _gpu(spec, f)
+    g.remap_failure = True
+    spec.kmsg_lines.append(TimedLine(f.after_s, xid_line(g, 64)))
+
+
+def _remap_headroom(spec: NodeSpec, f: Fault) -> None:
+    g = _gpu(spec, f)
+    low = f.int("low", 0)
+    none = f.int("none", 0)
+    h = g.histogram
+    h["low"] = low
+    h["none"] = none
+    h["max"] = max(0, h.get("max", 0) - low - none)
+
+
+def _ecc_uncorrectable(spec: NodeSpec, f: Fault) -> None:
+    g = _gpu(spec, f)
+    n = f.int("count", 1)
+    g.ecc_volatile_uncorrected += n
+    g.ecc_aggregate_uncorrected += n
+    spec.kmsg_lines.append(TimedLine(f.after_s, xid_line(g, 48)))
+
+
+def _pcie_downgrade(spec: NodeSpec, f: Fault) -> None:
+    g = _gpu(spec, f)
+    g.pcie_gen_current = f.int("gen", g.pcie_gen_current)
+    g.pcie_width_current = f.int("width", g.pcie_width_current)
+    if (g.pcie_gen_current, g.pcie_width_current) == (g.pcie_gen_max, g.pcie_width_max):
+        raise InjectError(f"{f.text}: give gen= or width= below the maximum "
+                          f"(Gen{g.pcie_gen_max} x{g.pcie_width_max})")
+
+
+def _aer(spec: NodeSpec, f: Fault) -> None:
+    g = _gpu(spec, f)
+    kind = f.choice("kind", ("fatal", "nonfatal", "correctable"))
+    n = f.int("count", 1)
+    if kind == "fatal":
+        g.aer_fatal += n
+    elif kind == "nonfatal":
+        g.aer_nonfatal += n
+    else:
+        g.aer_correctable += n
+
+
+def _nvlink_down(spec: NodeSpec, f: Fault) -> None:
+    g = _gpu(spec, f)
+    link = f.int("link")
+    if not 0 <= link < len(g.nvlink_up):
+        raise InjectError(f"{f.text}: link {link} out of range (gpu has {len(g.nvlink_up)} links)")
+    g.nvlink_up[link] = False
+
+
+def _nvlink_up(spec: NodeSpec, f: Fault) -> None:
+    g = _gpu(spec, f)
+    g.nvlink_up[f.int("link")] = True
+
+
+_THROTTLE_BITS = {
+    "hw_slowdown": CLOCK_EVENT_HW_SLOWDOWN,
+    "hw_thermal_slowdown": CLOCK_EVENT_HW_THERMAL,
+    "hw_power_brake": CLOCK_EVENT_HW_POWER_BRAKE,
+}
+
+
+def _throttle(spec: NodeSpec, f: Fault) -> None:
+    g = _gpu(spec, f)
+    event = f.choice("event", tuple(_THROTTLE_BITS))
+    g.clock_event_reasons |= _THROTTLE_BITS[event]
+
+
+def _unthrottle(spec: NodeSpec, f: Fault) -> None:
+    g = _gpu(spec, f)
+    g.clock_event_reasons &= ~_THROTTLE_BITS[f.params["event"]]
+
+
+def _hot(spec: NodeSpec, f: Fault) -> None:
+    g = _gpu(spec, f)
+    g.temperature_core_c = f.int("core", g.temperature_core_c)
+    g.temperature_memory_c = f.int("memory", g.temperature_memory_c)
+
+
+def _port_down(spec: NodeSpec, f: Fault) -> None:
+    dev, port = f.ib
+    try:
+        p = spec.ib_port(dev, port)
+    except KeyError as exc:
+        raise InjectError(f"{f.text}: {exc.args[0]}") from None
+    p.outages.append((f.after_s, f.for_s if f.for_s is not None else float("inf")))
+
+
+def _slow(spec: NodeSpec, f: Fault) -> None:
+    g = _gpu(spec, f)
+    factor = f.float("factor", 3.0)
+    if factor <= 0:
+        raise InjectError(f"{f.text}: factor must be > 0")
+    g.speed_factor = factor
+
+
+def _wrong_results(spec: NodeSpec, f: Fault) -> None:
+    _gpu(spec, f).wrong_results = True
+
+
+def _sdc(spec: NodeSpec, f: Fault) -> None:
+    _gpu(spec, f).sdc = True
+
+
+def _dcgm_fail(spec: NodeSpec, f: Fault) -> None:
+    g = _gpu(spec, f)
+    g.dcgm_failures.append(f.params.get("test", "memory"))
+
+
+def _ib_bw(spec: NodeSpec, f: Fault) -> None:
+    dev, port = f.ib
+    try:
+        p = spec.ib_port(dev, port)
+    except KeyError as exc:
+        raise InjectError(f"{f.text}: {exc.args[0]}") from None
+    p.loopback_gbit = f.float("gbit")
+
+
+NVML_ERRORS = ("GpuIsLost", "NotSupported", "Unknown", "NoPermission", "Timeout",
+               "InvalidArgument", "Uninitialized", "DriverNotLoaded", "InsufficientResources")
+
+
+def _nvml_error(spec: NodeSpec, f: Fault) -> None:
+    g = _gpu(spec, f)
+    call = f.params.get("call")
+    error = f.choice("error", NVML_ERRORS, "GpuIsLost")
+    if not call or call == "*":
+        if error == "GpuIsLost":
+            g.lost = True
+            return
+        raise InjectError(f"{f.text}: call=NAME is required unless error=GpuIsLost")
+    if not re.match(r"^nvml[A-Za-z0-9_]+$", call):
+        raise InjectError(f"{f.text}: call={call!r} is not an NVML function name")
+    g.nvml_errors[call] = error
+
+
+def _gpu_process(spec: NodeSpec, f: Fault) -> None:
+    g = _gpu(spec, f)
+    pid = f.int("pid", 4242)
+    g.processes.append((pid, f.int("mib", 1024) * 1024 * 1024, f.params.get("name", "python")))
+
+
+KINDS: dict[str, FaultKind] = {
+    k.name: k
+    for k in (
+        FaultKind("gpu-missing", "gpu", (), "GPU not enumerated by NVML (fallen off the bus)",
+                  _gpu_missing),
+        FaultKind("xid", "gpu", ("code", "count", "every"),
+                  "an NVRM Xid line in the kernel log (code=N; count=N for a burst)", _xid,
+                  timed=True),
+        FaultKind("sxid", "nvswitch", ("code", "fatal"),
+                  "an NVSwitch SXid line (fatal=1 marks the switch fatal)", _sxid, timed=True),
+        FaultKind("row-remap-pending", "gpu", (), "a row remap pending (needs a GPU reset)",
+                  _remap_pending),
+        FaultKind("row-remap-failure", "gpu", (), "a row remap failure (needs replacement)",
+                  _remap_failure),
+        FaultKind("remap-headroom", "gpu", ("low", "none"),
+                  "remapper histogram: N banks at low / none spare rows", _remap_headroom),
+        FaultKind("ecc-uncorrectable", "gpu", ("count",), "volatile uncorrectable ECC errors",
+                  _ecc_uncorrectable),
+        FaultKind("pcie-downgrade", "gpu", ("gen", "width"), "PCIe link trained below max",
+                  _pcie_downgrade),
+        FaultKind("aer", "gpu", ("kind", "count"), "PCIe AER counter increase", _aer,
+                  timed=True),
+        FaultKind("nvlink-down", "gpu", ("link",), "one NVLink link down", _nvlink_down,
+                  _nvlink_up, timed=True),
+        FaultKind("throttle", "gpu", ("event",),
+                  "a HW clock event active (hw_slowdown, hw_thermal_slowdown, hw_power_brake)",
+                  _throttle, _unthrottle, timed=True),
+        FaultKind("hot", "gpu", ("core", "memory"), "core / HBM temperature in Celsius", _hot,
+                  timed=True),
+        FaultKind("port-down", "ib", (), "an RDMA port goes down (after=, for=)", _port_down,
+                  timed=True),
+        FaultKind("slow", "gpu", ("factor",), "the device computes factor× slower", _slow),
+        FaultKind("wrong-results", "gpu", (), "the device's matmul results are wrong",
+                  _wrong_results),
+        FaultKind("sdc", "gpu", (), "silent data corruption in the device's training step",
+                  _sdc),
+        FaultKind("dcgm-fail", "gpu", ("test",), "a DCGM diagnostic test fails on the GPU",
+                  _dcgm_fail),
+        FaultKind("ib-bw", "ib", ("gbit",), "RDMA loopback bandwidth in Gbit/s", _ib_bw),
+        FaultKind("nvml-error", "gpu", ("call", "error"),
+                  "an NVML call raises an error (call=*, error=GpuIsLost: the GPU is lost)",
+                  _nvml_error),
+        FaultKind("gpu-process", "gpu", ("pid", "name", "mib"),
+                  "a foreign process holds the GPU", _gpu_process),
+    )
+}
+
+_COMMON = ("after", "for")
+
+
+def parse(text: str) -> Fault:
+    """Parse ``KIND@TARGET[,key=value...]`` and validate it against the kind's declaration."""
+    raw = text.strip()
+    if "@" not in raw:
+        raise InjectError(f"{text!r}: expected KIND@TARGET[,key=value...], e.g. xid@gpu:3,code=79")
+    kind_name, rest = raw.split("@", 1)
+    parts = rest.split(",")
+    target, kvs = parts[0].strip(), parts[1:]
+    kind = KINDS.get(kind_name.strip())
+    if kind is None:
+        raise InjectError(f"{text!r}: unknown fault kind {kind_name!r}; known: "
+                          f"{', '.join(sorted(KINDS))}")
+    if not _TARGET_RES[kind.target].match(target):
+        raise InjectError(f"{text!r}: {kind.name} needs a {kind.target} target like "
+                          f"{_TARGET_EXAMPLES[kind.target]}, got {target!r}")
+    params: dict[str, str] = {}
+    for kv in kvs:
+        if "=" not in kv:
+            raise InjectError(f"{text!r}: {kv!r} is not key=value")
+        k, v = (s.strip() for s in kv.split("=", 1))
+        allowed = kind.params + (_COMMON if kind.timed else ())
+        if k not in allowed:
+            raise InjectError(f"{text!r}: {kind.name} takes no {k!r}; it takes "
+                              f"{', '.join(allowed) or 'no parameters'}")
+        params[k] = v
+    fault = Fault(kind.name, target, params, text=raw)
+    after = fault.float("after", 0.0)
+    dur = fault.float("for") if "for" in params else None
+    if after < 0 or (dur is not None and dur <= 0):
+        raise InjectError(f"{text!r}: after must be >= 0 and for > 0")
+    return Fault(kind.name, target, params, after, dur, raw)
+
+
+def help_text() -> str:
+    lines = ["Fault kinds for --inject KIND@TARGET[,key=value...] (with --simulate):"]
+    for k in KINDS.values():
+        params = ",".join(f"{p}=" for p in k.params)
+        timed = " [after=S,for=S]" if k.timed else ""
+        lines.append(f"  {k.name}@{_TARGET_EXAMPLES[k.target]}"
+                     f"{(',' + params) if params else ''}{timed}  {k.summary}")
+    return "\n".join(lines)

@@ -1,0 +1,38 @@
+"""Shared test fixtures: where the real sample data lives, clocks, temp host trees."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _find_shared() -> Path:
+    env = os.environ.get("GPU_MONITOR_SHARED")
+    candidates = [Path(env)] if env else []
+    candidates += [REPO.parent / "shared", REPO / "shared"]
+    for c in candidates:
+        if (c / "fixtures").is_dir():
+            return c
+    raise RuntimeError(
+        "cannot find the shared fixtures: set GPU_MONITOR_SHARED or put shared/ beside the repo"
+    )
+
+
+SHARED = _find_shared()
+FIXTURES = SHARED / "fixtures"
+
+
+@pytest.fixture(scope="session")
+def shared_fixtures() -> Path:
+    return FIXTURES
+
+
+@pytest.fixture
+def fake_clock():
+    from gpu_monitor.clock import FakeClock
+
+    return FakeClock()

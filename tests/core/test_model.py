@@ -1,0 +1,93 @@
+import json
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from gpu_monitor.model import (
+    Action,
+    Report,
+    Result,
+    Status,
+    Verdict,
+    canonical_pci,
+    iso,
+    verdict_of,
+)
+
+T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
+
+
+@pytest.mark.parametrize(
+    "raw, want",
+    [
+        ("00000000:3B:00.0", "0000:3b:00.0"),  # NVML busId
+        ("PCI:0000:3b:00", "0000:3b:00.0"),  # kernel log Xid line
+        ("0000:03:00", "0000:03:00.0"),  # old Xid form without PCI:
+        ("0018:01:00.1", "0018:01:00.1"),  # GB200 domains
+        ("3b:00.0", "0000:3b:00.0"),
+        (" 00000008:01:00.0 ", "0008:01:00.0"),
+    ],
+    ids=["nvml", "kmsg", "old-xid", "gb200-domain", "no-domain", "padded"],
+)
+def test_canonical_pci_normalises_every_source_form(raw, want):
+    assert canonical_pci(raw) == want
+
+
+@pytest.mark.parametrize("bad", ["", "gpu0", "0000:zz:00.0", "100000000:3b:00.0", "3b"])
+def test_canonical_pci_rejects_non_addresses(bad):
+    with pytest.raises(ValueError):
+        canonical_pci(bad)
+
+
+def test_result_rejects_non_camelcase_reason():
+    with pytest.raises(ValueError, match="CamelCase"):
+        Result(check="x", status=Status.OK, reason="xid_79", observed_at=T0)
+
+
+def test_result_rejects_naive_timestamp():
+    with pytest.raises(ValueError, match="timezone"):
+        Result(check="x", status=Status.OK, observed_at=datetime(2026, 1, 1))
+
+
+def test_result_details_are_frozen_and_round_trip():
+    r = Result(check="ecc_memory", status="failed", target="gpu:2", reason="RowRemapPending",
+               details={"banks": [1, 2], "nested": {"a": 1}}, action="reset_gpu",
+               observed_at=T0)
+    with pytest.raises(TypeError):
+        r.details["banks"] = 3  # type: ignore[index]
+    again = Result.from_dict(json.loads(json.dumps(r.to_dict())))
+    assert again == r
+    assert again.status is Status.FAILED and again.action is Action.RESET_GPU
+
+
+def test_iso_is_utc_with_z_suffix():
+    assert iso(T0) == "2026-03-01T12:00:00Z"
+    assert iso(T0 + timedelta(microseconds=5)) == "2026-03-01T12:00:00.000005Z"
+
+
+@pytest.mark.parametrize(
+    "statuses, verdict",
+    [
+        (["ok", "degraded", "skipped"], Verdict.HEALTHY),
+        (["ok", "unknown"], Verdict.UNKNOWN),
+        (["unknown", "failed"], Verdict.UNHEALTHY),
+        ([], Verdict.HEALTHY),
+    ],
+)
+def test_verdict_rules(statuses, verdict):
+    results = [Result(check="c", status=s, observed_at=T0) for s in statuses]
+    assert verdict_of(results) is verdict
+
+
+def test_report_json_contract_fields_and_exit_code():
+    r = Report(node="n1", profile="h100-sxm-8", started_at=T0, finished_at=T0,
+               results=(Result(check="inventory", status="failed", target="gpu:7",
+                               reason="GpuMissing", observed_at=T0),))
+    d = r.to_dict()
+    assert list(d) == ["schema", "tool_version", "node", "profile", "started_at",
+                       "finished_at", "verdict", "results"]
+    assert d["schema"] == 1 and d["verdict"] == "unhealthy"
+    assert list(d["results"][0]) == ["check", "status", "target", "reason", "message",
+                                     "details", "action", "observed_at"]
+    assert r.exit_code == 1
+    assert Report.from_dict(d).results == r.results
