@@ -82,11 +82,17 @@ class Inventory(Check):
                 ctx, Status.UNKNOWN, NODE, "NvmlReadError",
                 f"cannot enumerate GPUs: {exc}", {"nvml_error": str(exc)},
             )]
-        nvml_addrs = {g.pci_bus_id for g in gpus}
+        nvml_addrs = {g.pci_bus_id for g in gpus if g.pci_bus_id}
         # NVML numbers GPUs in PCI bus order; so does CUDA with CUDA_DEVICE_ORDER=PCI_BUS_ID.
         # A GPU on the bus but not in NVML gets the index it would have had in that order.
         all_addrs = sorted(set(bus_addrs) | nvml_addrs)
         missing_addrs = [a for a in bus_addrs if a not in nvml_addrs]
+        # A lost GPU is still enumerated but NVML cannot say where it is; it accounts for one
+        # unmatched bus address (NVML and the bus list GPUs in the same order).
+        lost_slots: dict[int, str] = {}
+        for gpu in sorted((g for g in gpus if not g.pci_bus_id), key=lambda g: g.index):
+            if missing_addrs:
+                lost_slots[gpu.index] = missing_addrs.pop(0)
         for addr in missing_addrs:
             idx = all_addrs.index(addr)
             results.append(self.result(
@@ -119,13 +125,17 @@ class Inventory(Check):
 
         want_name = profile.get("gpu.product_name")
         for gpu in gpus:
-            target = gpu_target(gpu.index)
-            info = {"uuid": gpu.uuid, "name": gpu.name, "pci_bus_id": gpu.pci_bus_id,
-                    "serial": getattr(gpu, "serial", None)}
+            # With a GPU missing, NVML renumbers the rest; name each GPU by its place on the
+            # bus so gpu:N means the same board slot in every result of this report.
+            addr = gpu.pci_bus_id or lost_slots.get(gpu.index)
+            slot = all_addrs.index(addr) if addr in all_addrs else gpu.index
+            target = gpu_target(slot)
+            info = {"uuid": gpu.uuid, "name": gpu.name, "pci_bus_id": addr,
+                    "serial": getattr(gpu, "serial", None), "nvml_index": gpu.index}
             if getattr(gpu, "lost", False):
                 results.append(self.result(
                     ctx, Status.FAILED, target, "GpuLost",
-                    f"{target} ({gpu.pci_bus_id}) is enumerated but NVML reports it lost "
+                    f"{target} ({addr or 'address unknown'}) is enumerated but NVML reports it lost "
                     "(GPU_IS_LOST): it needs a reset or reboot",
                     info, Action.REBOOT,
                 ))

@@ -136,3 +136,59 @@ class Check:
     def ok(self, ctx: Context, target: str = NODE, message: str = "",
            details: Mapping[str, Any] | None = None) -> Result:
         return self.result(ctx, Status.OK, target, "Ok", message, details)
+
+
+class ClearTracker:
+    """Turns "problem ended" into an explicit ``Cleared`` result, once per target.
+
+    Passive checks pass every poll's results through ``track``; a target that was degraded or
+    failed on the previous poll and is ok now is reported as ``ok`` with reason ``Cleared``
+    (details carry the reason that ended), so consumers see the transition. The set of
+    problem targets is persisted in the store's key/value table when one is given, so a
+    restart still clears what was open before it.
+    """
+
+    def __init__(self, check_name: str):
+        self.check_name = check_name
+        self._open: dict[str, str] | None = None
+
+    def _load(self, ctx: Context) -> dict[str, str]:
+        if self._open is None:
+            stored = None
+            if ctx.store is not None:
+                try:
+                    stored = ctx.store.get_kv("cleared", self.check_name)
+                except Exception:  # noqa: BLE001 - history is best effort here
+                    stored = None
+            self._open = dict(stored or {})
+        return self._open
+
+    def track(self, ctx: Context, results: Sequence[Result]) -> list[Result]:
+        open_ = self._load(ctx)
+        out: list[Result] = []
+        now_bad: dict[str, str] = {}
+        for r in results:
+            if r.status in (Status.DEGRADED, Status.FAILED):
+                now_bad[r.target] = r.reason
+            out.append(r)
+        for r in list(out):
+            if r.status is Status.OK and r.target in open_ and r.target not in now_bad:
+                out[out.index(r)] = Result(
+                    check=r.check, status=Status.OK, target=r.target, reason="Cleared",
+                    message=f"{open_[r.target]} cleared on {r.target}" + (
+                        f": {r.message}" if r.message else ""),
+                    details={**dict(r.details), "cleared_reason": open_[r.target]},
+                    action=r.action, observed_at=r.observed_at,
+                )
+        # Targets not reported at all this poll keep their open state (unknown is not cleared).
+        seen = {r.target for r in results if r.status in (Status.OK, Status.DEGRADED,
+                                                          Status.FAILED)}
+        new_open = {t: reason for t, reason in open_.items() if t not in seen}
+        new_open.update(now_bad)
+        if new_open != open_ and ctx.store is not None:
+            try:
+                ctx.store.set_kv("cleared", self.check_name, new_open)
+            except Exception:  # noqa: BLE001
+                pass
+        self._open = new_open
+        return out

@@ -28,7 +28,13 @@ Contract (what callers may rely on):
    "nothing more now"; ``EPIPE`` (records overwritten before we read them) yields a
    :class:`KmsgGap` and reading resumes at the oldest record still present. A jump in sequence
    numbers between two reads is reported as a gap too.
-5. Times: ``monotonic_s`` is seconds since boot. ``wallclock`` is UTC-aware. ``dmesg -T``
+5. Shapes, told apart by the line's start: ``pri,seq,usec,flags;`` raw kmsg (``\\xNN``
+   escapes undone; an escaped newline splits into ``continuation``); ``[mono]`` dmesg;
+   ``[Www Mmm dd HH:MM:SS YYYY]`` dmesg -T (a ``host kernel:`` after it goes to ``host``);
+   ISO stamps with a ``,micro`` fraction are dmesg, other ISO stamps are the journal;
+   ``kern  :warn  :`` dmesg --decode (its facility and level kept); ``<pri>[mono]`` pstore;
+   ``[Mmm dd HH:MM:SS] [host] kernel:`` syslog. Everything else is ``"plain"``.
+6. Times: ``monotonic_s`` is seconds since boot. ``wallclock`` is UTC-aware. ``dmesg -T``
    prints the reading host's *local* time without a zone; we take it as UTC (DaemonSet
    containers run in UTC). Syslog ``Mon DD HH:MM:SS`` stamps carry no year, so they give no
    ``wallclock``. Journal offsets like ``+0800`` are converted to UTC.
@@ -46,6 +52,7 @@ import stat
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
+from functools import lru_cache
 from types import MappingProxyType
 from typing import Protocol
 
@@ -148,22 +155,23 @@ _KMSG_LIKE_RE = re.compile(r"\d{1,4},\d+,")
 # dmesg: "[171167.620236] msg", "[    2.608284] msg"; "[123] msg" seen in pasted reports.
 _MONO_RE = re.compile(r"\[\s*(\d+(?:\.\d+)?)\] ?")
 # dmesg -T / --ctime: "[Sun Feb 23 16:24:18 2025] msg", "[Sun Dec  1 14:54:40 2024] msg".
-_CTIME_RE = re.compile(r"\[[A-Z][a-z]{2} ([A-Z][a-z]{2}) +(\d{1,2}) (\d{1,2}):(\d\d):(\d\d) (\d{4})\] ?")
+_CTIME_RE = re.compile(
+    r"\[[A-Z][a-z]{2} ([A-Z][a-z]{2}) +(\d{1,2}) (\d{1,2}):(\d\d):(\d\d) (\d{4})\] ?"
+)
 # dmesg --time-format=iso "2024-11-15T12:02:03,470068+00:00 msg"; journal short-iso
 # "2025-01-02T15:20:12+0800 host kernel: msg"; short-iso-precise uses ".123456".
 _ISO_RE = re.compile(
     r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?(Z|[+-]\d\d:?\d\d)? "
 )
 _HOST_KERNEL_RE = re.compile(r"(\S+) kernel: ")
+_HOST_RE = re.compile(r"([^\s:\[]+) (?=\S+: )")
 # dmesg --decode: "kern  :warn  : ", "authpriv:info  : " (names padded to 6).
 _DECODE_RE = re.compile(r"([a-z]+[0-7]?) *:([a-z]+) *: ")
 # pstore/ERST dumps keep the syslog prefix: "<6>[    2.608284] msg", "<30>[ 12.97] msg".
 _PSTORE_RE = re.compile(r"<(\d{1,3})>(?:\[\s*(\d+(?:\.\d+)?)\] ?)?")
 # syslog / journalctl -o short, or grep output of either: "kernel: msg", "host kernel: msg",
 # "Jan 21 04:41:44 host kernel: [123.4] msg".
-_SYSLOG_RE = re.compile(
-    r"(?:[A-Z][a-z]{2} +\d{1,2} \d\d:\d\d:\d\d(?:\.\d+)? )?(?:(\S+) )?kernel: "
-)
+_SYSLOG_RE = re.compile(r"(?:[A-Z][a-z]{2} +\d{1,2} \d\d:\d\d:\d\d(?:\.\d+)? )?(?:(\S+) )?kernel: ")
 _KMSG_ESCAPE_RE = re.compile(r"\\x([0-9a-fA-F]{2})")
 _FIELD_KEY_RE = re.compile(r"[A-Za-z0-9_+.-]+")
 
@@ -183,30 +191,24 @@ _LEVELS = {
     "emerg": 0, "alert": 1, "crit": 2, "err": 3, "warn": 4, "notice": 5, "info": 6, "debug": 7,
 }  # fmt: skip
 _UTC = timezone.utc
-_TZ_CACHE: dict[str, timezone] = {"Z": _UTC, "+00:00": _UTC, "+0000": _UTC}
 
 
+@lru_cache(maxsize=64)
 def _tz(token: str | None) -> timezone:
-    if token is None:
-        return _UTC  # no zone printed: taken as UTC (see contract 5)
-    tz = _TZ_CACHE.get(token)
-    if tz is None:
-        sign = -1 if token[0] == "-" else 1
-        hours, minutes = int(token[1:3]), int(token[-2:])
-        tz = timezone(sign * timedelta(hours=hours, minutes=minutes))
-        _TZ_CACHE[token] = tz
-    return tz
+    """``Z``, ``+00:00``, ``+0800``, ``-05:00`` as a timezone; none printed is taken as UTC."""
+    if token is None or token == "Z":
+        return _UTC
+    sign = -1 if token[0] == "-" else 1
+    offset = sign * timedelta(hours=int(token[1:3]), minutes=int(token[-2:]))
+    return _UTC if not offset else timezone(offset)
 
 
 def _iso_datetime(m: re.Match[str]) -> datetime:
     """UTC datetime from an _ISO_RE match; ValueError on impossible dates."""
-    frac = m.group(7)
+    y, mo, d, h, mi, sec, frac, zone = m.groups()
     micro = int(frac[:6].ljust(6, "0")) if frac else 0
-    tz = _tz(m.group(8))
-    dt = datetime(
-        int(m.group(1)), int(m.group(2)), int(m.group(3)),
-        int(m.group(4)), int(m.group(5)), int(m.group(6)), micro, tzinfo=tz,
-    )  # fmt: skip
+    tz = _tz(zone)
+    dt = datetime(int(y), int(mo), int(d), int(h), int(mi), int(sec), micro, tzinfo=tz)
     return dt if tz is _UTC else dt.astimezone(_UTC)
 
 
@@ -312,7 +314,9 @@ def _with_mono(rest: str) -> tuple[float | None, str]:
     return None, rest
 
 
-def _parse_bracket(line: str, line_no: int, priority: int | None, facility: int | None):
+def _parse_bracket(
+    line: str, line_no: int, priority: int | None, facility: int | None
+) -> KmsgRecord | None:
     """``[mono] msg`` or ``[ctime] msg``; None when neither."""
     m = _MONO_RE.match(line)
     if m is not None:
@@ -331,19 +335,28 @@ def _parse_bracket(line: str, line_no: int, priority: int | None, facility: int 
             wall = _ctime_datetime(m)
         except ValueError:
             return None
+        # Some collectors print journal lines under a dmesg -T stamp:
+        # "[Sun Dec  1 14:54:40 2024] hostname kernel: mlx5_core ..." -- keep the host apart.
+        at, host = m.end(), None
+        j = _HOST_KERNEL_RE.match(line, at)
+        if j is not None:
+            at, host = j.end(), j.group(1)
         return KmsgRecord(
-            message=line[m.end() :],
+            message=line[at:],
             source_format=FORMAT_DMESG_CTIME,
             raw=line,
             line_no=line_no,
             priority=priority,
             facility=facility,
             wallclock=wall,
+            host=host,
         )
     return None
 
 
-def _parse_iso(line: str, start: int, line_no: int, priority, facility) -> KmsgRecord | None:
+def _parse_iso(
+    line: str, start: int, line_no: int, priority: int | None, facility: int | None
+) -> KmsgRecord | None:
     m = _ISO_RE.match(line, start)
     if m is None:
         return None
@@ -358,11 +371,20 @@ def _parse_iso(line: str, start: int, line_no: int, priority, facility) -> KmsgR
         j = _HOST_KERNEL_RE.match(line, rest_at)
         if j is not None:
             fmt, host, rest_at = FORMAT_JOURNAL_SHORT_ISO, j.group(1), j.end()
-        else:
+        elif m.group(7) is not None and line[m.start(7) - 1] == ",":
+            # dmesg always prints ",micro"; the journal never uses a comma.
             fmt, host = FORMAT_DMESG_ISO, None
-    mono, message = _with_mono(line[rest_at:]) if fmt == FORMAT_JOURNAL_SHORT_ISO else (
-        None, line[rest_at:]
-    )
+        else:
+            # A journal line from another identifier ("host systemd[1]: ...") or a bare
+            # kernel line: the host comes off, the identifier stays in the message.
+            h = _HOST_RE.match(line, rest_at)
+            fmt, host = FORMAT_JOURNAL_SHORT_ISO, None
+            if h is not None:
+                host, rest_at = h.group(1), h.end()
+    mono: float | None = None
+    message = line[rest_at:]
+    if fmt == FORMAT_JOURNAL_SHORT_ISO:
+        mono, message = _with_mono(message)
     return KmsgRecord(
         message=message,
         source_format=fmt,
@@ -520,7 +542,7 @@ class _Assembler:
             line = line[:-1]
         if not line or line.isspace():
             return None
-        if self._open and (line[0] == " " or line[0] == "\t"):
+        if self._open and (line[0] == " " or line[0] == "\t") and "\x00" not in line:
             self._attach(line)
             return None
         rec = parse_text_line(line, line_no=self.line_no)
@@ -731,6 +753,9 @@ class KmsgDeviceSource:
             out.append(rec)
         if drained and self._gap_pending:
             self._gap(out, None, _EPIPE_REASON)
+            self._last_seq = (
+                None  # the next record's jump belongs to this gap: don't count it twice
+            )
         return out
 
     def _note_seq(self, out: list[KmsgRecord | KmsgGap], seq: int | None) -> None:
@@ -806,6 +831,7 @@ class KmsgFileSource:
     def read_available(self, max_records: int | None = None) -> list[KmsgRecord | KmsgGap]:
         """Every complete record readable now (at most about ``max_records``)."""
         out: list[KmsgRecord | KmsgGap] = []
+        restarts = 0  # one rotation/truncation per call: a file cut again and again can't spin us
         while True:
             if not self._drain(out, max_records):
                 return out  # limit reached; the rest stays buffered
@@ -813,8 +839,9 @@ class KmsgFileSource:
             if chunk:
                 self._buf += chunk
                 continue
-            if self._is_fifo or not self._check_rotation(out):
+            if self._is_fifo or restarts or not self._check_rotation(out):
                 break
+            restarts += 1
         # Nothing more now: hand out the held record unless its continuation is mid-write.
         if self._asm.holding and not (self._buf and self._buf[:1] in (b" ", b"\t")):
             rec = self._asm.take()
@@ -887,7 +914,7 @@ class KmsgFileSource:
             os.close(old)
             self._finish_partial(out)
             return True
-        if st.st_size < self._offset:
+        if os.fstat(self._fd).st_size < self._offset:
             self._finish_partial(out)
             self._offset = os.lseek(self._fd, 0, os.SEEK_SET)
             return True

@@ -336,9 +336,10 @@ class _Attrs:
             return None
 
 
-def _natural_key(name: str) -> tuple:
-    """mlx5_2 before mlx5_10."""
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
+def _natural_key(name: str) -> tuple[tuple[int, int, str], ...]:
+    """mlx5_2 before mlx5_10 (and mlx5_9 before mlx5_bond_0, without comparing int to str)."""
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p)
+                 for p in re.split(r"(\d+)", name) if p)
 
 
 @dataclass(frozen=True)

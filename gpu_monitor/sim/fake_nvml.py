@@ -34,6 +34,7 @@ NVLink error counters are keyed ``(link, name)`` in ``GpuSpec.nvlink_errors`` wi
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import re
@@ -42,7 +43,7 @@ import threading
 import time
 import types
 import uuid as uuidlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from gpu_monitor.model import canonical_pci
@@ -300,6 +301,23 @@ def error_class(name: str) -> type[NVMLError]:
 
 def _fail(code: int) -> NVMLError:
     return NVMLError(code)
+
+
+class NVMLLibraryMismatchError(Exception):
+    """pynvml raises this (not an NVMLError) when an unversioned call's symbol is missing."""
+
+
+@contextlib.contextmanager
+def _version_mismatch(name: str) -> Iterator[None]:
+    try:
+        yield
+    except NVMLError as exc:
+        if exc.value != NVML_ERROR_FUNCTION_NOT_FOUND:
+            raise
+        raise NVMLLibraryMismatchError(
+            "Unversioned function called and the pyNVML version does not match the NVML lib "
+            f"version. Either use matching pyNVML and NVML lib versions or use a versioned "
+            f"function such as {name}_v2") from None
 
 
 # --- structs: the same ctypes layouts as pynvml -----------------------------------------------
@@ -746,9 +764,9 @@ class FakeNvml:
 
     @_locked
     def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: FakeDeviceHandle) -> int:
-        # The same NVML entry point under its pre-R535 name: an injected error hits both.
-        gpu = self._gpu(handle, "nvmlDeviceGetCurrentClocksThrottleReasons",
-                        "nvmlDeviceGetCurrentClocksEventReasons")
+        # The pre-R535 name of the same entry point; injecting ``FunctionNotFound`` on the new
+        # name alone simulates an old driver under new bindings.
+        gpu = self._gpu(handle, "nvmlDeviceGetCurrentClocksThrottleReasons")
         return self._value(gpu.clock_event_reasons)
 
     @_locked
@@ -920,8 +938,10 @@ class FakeNvml:
 
     @_locked
     def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeDeviceHandle):
-        gpu = self._gpu(handle, "nvmlDeviceGetComputeRunningProcesses",
-                        "nvmlDeviceGetComputeRunningProcesses_v3")
+        # pynvml's unversioned call is the _v3 one behind @throwOnVersionMismatch.
+        with _version_mismatch("nvmlDeviceGetComputeRunningProcesses"):
+            gpu = self._gpu(handle, "nvmlDeviceGetComputeRunningProcesses",
+                            "nvmlDeviceGetComputeRunningProcesses_v3")
         return self._process_objects(gpu)
 
     @_locked
@@ -930,15 +950,26 @@ class FakeNvml:
         return self._process_objects(gpu)
 
     @_locked
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: FakeDeviceHandle):
+        gpu = self._gpu(handle, "nvmlDeviceGetComputeRunningProcesses_v2")
+        return self._process_objects(gpu)
+
+    @_locked
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: FakeDeviceHandle):
         # Simulated workloads are CUDA compute contexts; none of them is a graphics client.
-        self._gpu(handle, "nvmlDeviceGetGraphicsRunningProcesses",
-                  "nvmlDeviceGetGraphicsRunningProcesses_v3")
+        with _version_mismatch("nvmlDeviceGetGraphicsRunningProcesses"):
+            self._gpu(handle, "nvmlDeviceGetGraphicsRunningProcesses",
+                      "nvmlDeviceGetGraphicsRunningProcesses_v3")
         return []
 
     @_locked
     def nvmlDeviceGetGraphicsRunningProcesses_v3(self, handle: FakeDeviceHandle):
         self._gpu(handle, "nvmlDeviceGetGraphicsRunningProcesses_v3")
+        return []
+
+    @_locked
+    def nvmlDeviceGetGraphicsRunningProcesses_v2(self, handle: FakeDeviceHandle):
+        self._gpu(handle, "nvmlDeviceGetGraphicsRunningProcesses_v2")
         return []
 
 
@@ -948,6 +979,7 @@ _FIELD_NAMES = {NVML_FI_DEV_MEMORY_TEMP: "NVML_FI_DEV_MEMORY_TEMP"}
 for _name, _value in {**CONSTANTS, **ERROR_CLASSES, **STRUCTS}.items():
     setattr(FakeNvml, _name, _value)
 FakeNvml.NVMLError = NVMLError  # type: ignore[attr-defined]
+FakeNvml.NVMLLibraryMismatchError = NVMLLibraryMismatchError  # type: ignore[attr-defined]
 FakeNvml.nvmlFriendlyObject = nvmlFriendlyObject  # type: ignore[attr-defined]
 del _name, _value
 

@@ -11,6 +11,7 @@ spaced ``every=SECONDS`` apart).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -87,6 +88,7 @@ class FaultKind:
     apply: Callable[[NodeSpec, Fault], None]
     revert: Callable[[NodeSpec, Fault], None] | None = None
     timed: bool = False  # may use after=/for=
+    example: str = ""
 
 
 _TARGET_RES = {
@@ -148,6 +150,7 @@ def _gpu(spec: NodeSpec, f: Fault) -> GpuSpec:
 def _gpu_missing(spec: NodeSpec, f: Fault) -> None:
     g = _gpu(spec, f)
     g.missing = True
+    g.off_bus = f.int("bus", 1) == 0
     spec.kmsg_lines.append(TimedLine(f.after_s, xid_line(g, 79)))
 
 
@@ -325,11 +328,35 @@ def _gpu_process(spec: NodeSpec, f: Fault) -> None:
     g.processes.append((pid, f.int("mib", 1024) * 1024 * 1024, f.params.get("name", "python")))
 
 
+_EXAMPLES = {
+    'gpu-missing': 'gpu-missing@gpu:7',
+    'xid': 'xid@gpu:3,code=79',
+    'sxid': 'sxid@nvswitch:0,code=20034,fatal=1',
+    'row-remap-pending': 'row-remap-pending@gpu:2',
+    'row-remap-failure': 'row-remap-failure@gpu:2',
+    'remap-headroom': 'remap-headroom@gpu:1,low=8,none=1',
+    'ecc-uncorrectable': 'ecc-uncorrectable@gpu:5',
+    'pcie-downgrade': 'pcie-downgrade@gpu:1,gen=3,width=8',
+    'aer': 'aer@gpu:0,kind=fatal',
+    'nvlink-down': 'nvlink-down@gpu:0,link=4',
+    'throttle': 'throttle@gpu:5,event=hw_slowdown',
+    'hot': 'hot@gpu:3,core=88,memory=98',
+    'port-down': 'port-down@ib:mlx5_0:1,after=10,for=30',
+    'slow': 'slow@gpu:4,factor=3',
+    'wrong-results': 'wrong-results@gpu:6',
+    'sdc': 'sdc@gpu:3',
+    'dcgm-fail': 'dcgm-fail@gpu:2,test=memory',
+    'ib-bw': 'ib-bw@ib:mlx5_1:1,gbit=100',
+    'nvml-error': 'nvml-error@gpu:2,call=nvmlDeviceGetTemperature,error=Unknown',
+    'gpu-process': 'gpu-process@gpu:0,pid=1234',
+}
+
 KINDS: dict[str, FaultKind] = {
-    k.name: k
+    k.name: dataclasses.replace(k, example=_EXAMPLES[k.name])
     for k in (
-        FaultKind("gpu-missing", "gpu", (), "GPU not enumerated by NVML (fallen off the bus)",
-                  _gpu_missing),
+        FaultKind("gpu-missing", "gpu", ("bus",),
+                  "GPU not enumerated by NVML (fallen off the bus); bus=0 also removes it "
+                  "from the PCI bus", _gpu_missing),
         FaultKind("xid", "gpu", ("code", "count", "every"),
                   "an NVRM Xid line in the kernel log (code=N; count=N for a burst)", _xid,
                   timed=True),
@@ -411,8 +438,8 @@ def parse(text: str) -> Fault:
 def help_text() -> str:
     lines = ["Fault kinds for --inject KIND@TARGET[,key=value...] (with --simulate):"]
     for k in KINDS.values():
-        params = ",".join(f"{p}=" for p in k.params)
-        timed = " [after=S,for=S]" if k.timed else ""
-        lines.append(f"  {k.name}@{_TARGET_EXAMPLES[k.target]}"
-                     f"{(',' + params) if params else ''}{timed}  {k.summary}")
+        timed = " [,after=S][,for=S]" if k.timed else ""
+        lines.append(f"  {k.example}{timed}")
+        extra = f" (keys: {', '.join(k.params)})" if k.params else ""
+        lines.append(f"      {k.summary}{extra}")
     return "\n".join(lines)

@@ -35,12 +35,28 @@ from gpu_monitor.host import Host, WorkerSettings
 from gpu_monitor.hw.command import CommandRunner
 from gpu_monitor.hw.paths import HostPaths
 from gpu_monitor.sim import inject as inj
-from gpu_monitor.sim.spec import GpuSpec, IbPortSpec, NodeSpec, NvSwitchSpec
+from gpu_monitor.sim.spec import (
+    CLOCK_EVENT_HW_THERMAL,
+    CLOCK_EVENT_SW_POWER_CAP,
+    CLOCK_EVENT_SW_THERMAL,
+    CLOCK_EVENT_SYNC_BOOST,
+    GpuSpec,
+    IbPortSpec,
+    NodeSpec,
+    NvSwitchSpec,
+)
 
 # Bus addresses as on a real HGX H100 board (nvidia-smi -q of an 8xH100 node).
 GPU_BUSES = (0x53, 0x64, 0x75, 0x86, 0x97, 0xA8, 0xB9, 0xCA)
 NVSWITCH_BUSES = (0x05, 0x06, 0x07, 0x08)
 NIC_BUSES = (0x4F, 0x60, 0x71, 0x82, 0x93, 0xA4, 0xB5, 0xC6)
+
+# Clock-event bits -> the NVML perf policy whose violation counter grows while any is active.
+VIOLATION_POLICIES = (
+    (CLOCK_EVENT_SW_POWER_CAP, "power"),
+    (CLOCK_EVENT_SYNC_BOOST, "sync_boost"),
+    (CLOCK_EVENT_SW_THERMAL | CLOCK_EVENT_HW_THERMAL, "thermal"),
+)
 
 _PCI_DEVICE_IDS = {"H100": 0x2330, "H200": 0x2335, "A100": 0x20B2}
 
@@ -64,7 +80,8 @@ def build_spec(profile, hostname: str = "sim-node-0") -> NodeSpec:
     mem_gib = int(profile.get("gpu.memory_gib") or 80)
     dev_id = next((v for k, v in _PCI_DEVICE_IDS.items() if k in name), 0x2330)
     dev_id = int(profile.get("gpu.pci_device_id") or dev_id)
-    spec = NodeSpec(profile=profile.name, hostname=hostname)
+    # A node without GPUs has no NVIDIA driver either: NVML's library is absent.
+    spec = NodeSpec(profile=profile.name, hostname=hostname, nvml_library_missing=count == 0)
     for i in range(count):
         bus = GPU_BUSES[i] if i < len(GPU_BUSES) else 0xD0 + i
         spec.gpus.append(GpuSpec(
@@ -152,7 +169,8 @@ class SimulatedNode:
         elif gpu is not None and item.before is not None:
             after = dataclasses.asdict(gpu)
             for key, value in item.before.items():
-                if after[key] != value:
+                # Cumulative counters keep what accrued while the fault was active.
+                if after[key] != value and key != "violation_ns":
                     setattr(gpu, key, copy.deepcopy(value))
         elif kind.revert is not None:
             kind.revert(self.spec, item.fault)
@@ -226,12 +244,18 @@ class SimulatedNode:
         from gpu_monitor.sim.sysfs_tree import update_tree
 
         with self._lock:
+            since = self._elapsed
             self._elapsed = max(self._elapsed, elapsed_s)
             now = self._elapsed
             due = sorted((p for p in self._pending if p.at_s <= now), key=lambda p: p.at_s)
             for item in due:
+                # Violation time accrues piecewise: up to each change, under the old clock events.
+                at = min(max(item.at_s, since), now)
+                self._accrue_violations(at - since)
+                since = at
                 self._pending.remove(item)
                 self._apply_scheduled(item)
+            self._accrue_violations(now - since)
             for port in self.spec.ib_ports:
                 down = any(start <= now < start + dur for start, dur in port.outages)
                 if down and port.state == "ACTIVE":
@@ -247,6 +271,23 @@ class SimulatedNode:
                 self._written_lines += 1
             update_tree(self.root, self.spec)
             self._write_state()
+
+    def _accrue_violations(self, seconds: float) -> None:
+        """Grow NVML's cumulative violation counters (nvmlDeviceGetViolationStatus) for the
+        clock events active during ``seconds``, as the driver does while they hold clocks down.
+
+        nvml.h aliases ``NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP`` to the power policy's
+        counter and ``..._SYNC_BOOST`` to the sync-boost one; the thermal policy ("thermal
+        violations", no SW/HW split documented) is modelled as counting both thermal slowdowns.
+        HW slowdown and HW power brake have no perf-policy counter, so none grows for them.
+        """
+        if seconds <= 0:
+            return
+        ns = int(round(seconds * 1e9))
+        for gpu in self.spec.gpus:
+            for bits, policy in VIOLATION_POLICIES:
+                if gpu.clock_event_reasons & bits:
+                    gpu.violation_ns[policy] = gpu.violation_ns.get(policy, 0) + ns
 
     def next_event_s(self) -> float | None:
         """When the next scheduled change happens (for tests stepping a fake clock)."""

@@ -90,7 +90,8 @@ class GpuSpec:
     # Processes using the GPU: (pid, used memory bytes, name)
     processes: list[tuple[int, int, str]] = field(default_factory=list)
     # Fault state
-    missing: bool = False  # not enumerated by NVML, gone from sysfs ("fallen off the bus")
+    missing: bool = False  # not enumerated by NVML; still on the PCI bus ("fallen off the bus")
+    off_bus: bool = False  # gone from the PCI bus too (sysfs entry removed)
     lost: bool = False  # enumerated but every call raises GpuIsLost
     nvml_errors: dict[str, str] = field(default_factory=dict)  # NVML call name -> error name
     # Active-check seams (read by the simulated device worker, see sim/worker.py)

@@ -16,7 +16,8 @@ run exactly the code they run in production. The layout follows the kernel's:
   GPU's device node; ``dev/nvidia*`` placeholders (regular files: creating device nodes would
   need root).
 
-GPUs with ``missing`` set are absent from ``sys`` (fallen off the bus). ``update_tree`` writes
+GPUs with ``off_bus`` set are absent from ``sys`` (removed from the bus); ``missing`` GPUs (not
+enumerated by NVML) stay, as a GPU that fell off the bus keeps its cached sysfs entry. ``update_tree`` writes
 only what a fault can change (port state and counters, AER counters, link speed/width, GPU
 presence, processes, boot id/uptime), and every write is a temp file plus ``os.replace`` in the
 same directory, so a concurrent reader sees the old or the new content, never a torn file. Temp
@@ -183,7 +184,8 @@ def _gpu_static(g: GpuSpec) -> dict[str, str]:
 
 def _write_atomic(path: str, content: str) -> None:
     directory, name = os.path.split(path)
-    os.makedirs(directory, exist_ok=True)
+    if not os.path.isdir(directory):  # a stat is far cheaper than mkdir's EEXIST round trip
+        os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(directory, f".{name}.tmp{os.getpid()}.{next(_tmp_seq)}")
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(content)
@@ -192,6 +194,9 @@ def _write_atomic(path: str, content: str) -> None:
 
 def _sync_file(path: str, content: str) -> bool:
     """Write ``content`` unless the file already holds it; True when written."""
+    if not os.path.isfile(path):
+        _write_atomic(path, content)
+        return True
     try:
         with open(path, encoding="utf-8") as f:
             if f.read() == content:
@@ -215,7 +220,8 @@ def _sync_symlink(path: str, target: str) -> None:
     except OSError:
         pass
     directory, name = os.path.split(path)
-    os.makedirs(directory, exist_ok=True)
+    if not os.path.isdir(directory):
+        os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(directory, f".{name}.tmp{os.getpid()}.{next(_tmp_seq)}")
     os.symlink(target, tmp)
     os.replace(tmp, path)
@@ -351,7 +357,7 @@ def _sync_processes(lay: _Layout, gpus: Iterable[GpuSpec]) -> None:
         _sync_files(pdir, {"comm": f"{name[:15]}\n", "cmdline": f"{name}\0"})
         fd_dir = os.path.join(pdir, "fd")
         os.makedirs(fd_dir, exist_ok=True)
-        links = {"0": "/dev/null"}
+        links = {"0": os.devnull}
         links.update({str(3 + i): lay.paths.device(f"nvidia{idx}")
                       for i, idx in enumerate(sorted(indexes))})
         for fd in os.listdir(fd_dir):
@@ -379,7 +385,7 @@ def write_tree(root: str, spec: NodeSpec) -> HostPaths:
                 lay.paths.procfs, lay.paths.dev):
         os.makedirs(sub, exist_ok=True)
     for g in spec.gpus:
-        if g.missing:
+        if g.off_bus:
             _remove_pci_function(lay, g.pci_bus_id)
         else:
             _write_gpu(lay, g)
@@ -398,13 +404,13 @@ def update_tree(root: str, spec: NodeSpec) -> HostPaths:
 
     Rewritten (when different): RDMA port state, phys_state, rate, link layer and error
     counters; each GPU's AER counters and link speed/width; GPU presence (a GPU newly
-    ``missing`` is removed, one that comes back is rendered again); processes; boot id, uptime,
+    ``off_bus`` is removed, one that comes back is rendered again); processes; boot id, uptime,
     hostname. Identity attributes (vendor, class, NUMA node, topology) are written once.
     """
     lay = _Layout(root)
     for g in spec.gpus:
         present = _gpu_present(lay, g)
-        if g.missing:
+        if g.off_bus:
             if present:
                 _remove_pci_function(lay, g.pci_bus_id)
         elif not present:

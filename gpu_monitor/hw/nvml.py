@@ -1,0 +1,792 @@
+"""NVML, read through one wrapper that turns its answers into frozen values and its failures
+into one exception type.
+
+Why a wrapper: checks must tell "this GPU is lost" from "this field is not supported here" from
+"NVML is not installed" (``failed`` vs ``skipped`` vs ``unknown``), and they must do it the same
+way on the real ``pynvml`` module, on older bindings, and on the simulator's fake module. So the
+module is a constructor argument (DESIGN §5) and every NVML exception becomes an ``NvmlError``
+whose ``kind`` is decided by the error's code (``.value``) or class name, never by ``isinstance``
+against one particular module's classes.
+
+Guarantees:
+
+1. ``import gpu_monitor.hw.nvml`` imports no ``pynvml``; the default loader imports it on
+   ``start()``. Missing bindings, a missing library or an unloaded driver make the reader
+   *unavailable* with a reason a person can act on; nothing is raised from ``start()``.
+2. ``start()`` calls ``nvmlInit`` at most once (thread-safe); a failure is sticky until
+   ``close()``, so a node without a driver is not re-probed on every poll.
+3. Device handles are cached per index and dropped when a call says ``GpuIsLost``, so a later
+   call asks NVML again instead of reusing a handle to a GPU that fell off the bus.
+4. "Not supported here" is a value, not an error, where the field is optional by nature
+   (memory temperature, thresholds, serial, graphics processes, MIG mode, fabric): it reads as
+   ``None`` / ``False`` / ``FabricInfo.supported = False``. Everywhere else it is raised as
+   ``NvmlError(kind=not_supported)`` so the check can say ``skipped`` with the reason.
+
+Constraints of NVML versions and parts (what raises ``not_supported`` or ``function_not_found``):
+
+- ``nvmlDeviceGetRemappedRows``: Ampere and newer (A100, H100, ...); Volta/Turing raise
+  NotSupported and report ``nvmlDeviceGetRetiredPages`` instead, which Ampere+ do not support.
+- ``nvmlDeviceGetRowRemapperHistogram``: Ampere+ and a driver from the R510/R520 era or later;
+  older drivers lack the symbol (FunctionNotFound).
+- ``nvmlDeviceGetCurrentClocksEventReasons``: the R535+ name of
+  ``nvmlDeviceGetCurrentClocksThrottleReasons``; older drivers only have the old name, so
+  ``clock_event_reasons`` falls back to it. The bit values are the same.
+- ``nvmlDeviceGetGpuFabricInfo``: Hopper+ on NVSwitch systems, driver R525+;
+  ``nvmlDeviceGetGpuFabricInfoV`` (versioned struct) is newer still (R550 era) and is tried
+  first. Parts without a fabric raise NotSupported or report state ``NOT_SUPPORTED``.
+- ``NVML_FI_DEV_MEMORY_TEMP`` (HBM temperature): data-centre HBM parts; GDDR boards answer
+  NotSupported per field.
+- ``nvmlDeviceGetComputeRunningProcesses`` in nvidia-ml-py 12+ calls the ``_v3`` symbol; drivers
+  before R510 lack it (``NVMLLibraryMismatchError``), so the ``_v2`` call is tried next.
+- ``nvmlDeviceGetNumaNodeId``: recent drivers only; absent → ``None``.
+- NVLink calls: ``InvalidArgument`` past the GPU's link count (18 on H100/H200 SXM, 12 on A100
+  SXM), ``NotSupported`` on GPUs without NVLink.
+- ``nvmlDeviceGetViolationStatus``: ``referenceTime`` is a CPU timestamp in microseconds,
+  ``violationTime`` is cumulative nanoseconds (nvml.h).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from gpu_monitor.model import canonical_pci
+
+log = logging.getLogger(__name__)
+
+# nvml.h values the reader passes in or compares against (a test checks them against pynvml).
+NVML_SUCCESS = 0
+NVML_FEATURE_ENABLED = 1
+NVML_DEVICE_MIG_ENABLE = 1
+NVML_TEMPERATURE_GPU = 0
+NVML_TEMPERATURE_THRESHOLD_SHUTDOWN = 0
+NVML_TEMPERATURE_THRESHOLD_SLOWDOWN = 1
+NVML_TEMPERATURE_THRESHOLD_MEM_MAX = 2
+NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
+NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+NVML_VOLATILE_ECC = 0
+NVML_AGGREGATE_ECC = 1
+NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0
+NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1
+NVML_CLOCK_SM = 1
+NVML_FI_DEV_MEMORY_TEMP = 82
+NVML_GPU_FABRIC_STATE_NOT_SUPPORTED = 0
+NVML_GPU_FABRIC_STATE_COMPLETED = 3
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_PERF_POLICY_POWER = 0
+NVML_PERF_POLICY_THERMAL = 1
+NVML_PERF_POLICY_SYNC_BOOST = 2
+NVML_PERF_POLICY_BOARD_LIMIT = 3
+NVML_PERF_POLICY_LOW_UTILIZATION = 4
+NVML_PERF_POLICY_RELIABILITY = 5
+NVML_PERF_POLICY_TOTAL_APP_CLOCKS = 10
+NVML_PERF_POLICY_TOTAL_BASE_CLOCKS = 11
+NVML_NVLINK_ERROR_DL_REPLAY = 0
+NVML_NVLINK_ERROR_DL_RECOVERY = 1
+NVML_NVLINK_ERROR_DL_CRC_FLIT = 2
+NVML_NVLINK_ERROR_DL_CRC_DATA = 3
+NVML_NVLINK_ERROR_DL_ECC_DATA = 4
+
+#: ``violation_ns(i, "thermal")`` accepts these names for the NVML_PERF_POLICY_* values.
+PERF_POLICIES: dict[str, int] = {
+    "power": NVML_PERF_POLICY_POWER,
+    "thermal": NVML_PERF_POLICY_THERMAL,
+    "sync_boost": NVML_PERF_POLICY_SYNC_BOOST,
+    "board_limit": NVML_PERF_POLICY_BOARD_LIMIT,
+    "low_utilization": NVML_PERF_POLICY_LOW_UTILIZATION,
+    "reliability": NVML_PERF_POLICY_RELIABILITY,
+    "total_app_clocks": NVML_PERF_POLICY_TOTAL_APP_CLOCKS,
+    "total_base_clocks": NVML_PERF_POLICY_TOTAL_BASE_CLOCKS,
+}
+
+#: The keys of ``nvlink_errors()``, by NVML_NVLINK_ERROR_* counter.
+NVLINK_COUNTERS: dict[int, str] = {
+    NVML_NVLINK_ERROR_DL_REPLAY: "replay",
+    NVML_NVLINK_ERROR_DL_RECOVERY: "recovery",
+    NVML_NVLINK_ERROR_DL_CRC_FLIT: "crc_flit",
+    NVML_NVLINK_ERROR_DL_CRC_DATA: "crc_data",
+    NVML_NVLINK_ERROR_DL_ECC_DATA: "ecc_data",
+}
+
+
+class NvmlErrorKind(str, Enum):
+    """What went wrong, independent of which bindings raised it."""
+
+    NOT_SUPPORTED = "not_supported"
+    GPU_LOST = "gpu_lost"
+    LIBRARY_NOT_FOUND = "library_not_found"
+    DRIVER_NOT_LOADED = "driver_not_loaded"
+    BINDINGS_MISSING = "bindings_missing"  # nvidia-ml-py itself is not installed
+    UNINITIALIZED = "uninitialized"
+    NO_PERMISSION = "no_permission"
+    TIMEOUT = "timeout"
+    NOT_FOUND = "not_found"
+    INVALID_ARGUMENT = "invalid_argument"
+    FUNCTION_NOT_FOUND = "function_not_found"  # the driver predates the call
+    RESET_REQUIRED = "reset_required"
+    LIB_RM_VERSION_MISMATCH = "lib_rm_version_mismatch"
+    CORRUPTED_INFOROM = "corrupted_inforom"
+    ARGUMENT_VERSION_MISMATCH = "argument_version_mismatch"
+    NOT_READY = "not_ready"
+    UNKNOWN = "unknown"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_CODE_KINDS: dict[int, NvmlErrorKind] = {
+    1: NvmlErrorKind.UNINITIALIZED,
+    2: NvmlErrorKind.INVALID_ARGUMENT,
+    3: NvmlErrorKind.NOT_SUPPORTED,
+    4: NvmlErrorKind.NO_PERMISSION,
+    6: NvmlErrorKind.NOT_FOUND,
+    9: NvmlErrorKind.DRIVER_NOT_LOADED,
+    10: NvmlErrorKind.TIMEOUT,
+    12: NvmlErrorKind.LIBRARY_NOT_FOUND,
+    13: NvmlErrorKind.FUNCTION_NOT_FOUND,
+    14: NvmlErrorKind.CORRUPTED_INFOROM,
+    15: NvmlErrorKind.GPU_LOST,
+    16: NvmlErrorKind.RESET_REQUIRED,
+    18: NvmlErrorKind.LIB_RM_VERSION_MISMATCH,
+    25: NvmlErrorKind.ARGUMENT_VERSION_MISMATCH,
+    27: NvmlErrorKind.NOT_READY,
+    28: NvmlErrorKind.NOT_FOUND,  # NVML_ERROR_GPU_NOT_FOUND
+    999: NvmlErrorKind.UNKNOWN,
+}
+
+# For NVML errors without a usable ``.value``: pynvml's class names (NVMLError_<CamelCase>).
+_NAME_KINDS: dict[str, NvmlErrorKind] = {
+    "NVMLError_Uninitialized": NvmlErrorKind.UNINITIALIZED,
+    "NVMLError_InvalidArgument": NvmlErrorKind.INVALID_ARGUMENT,
+    "NVMLError_NotSupported": NvmlErrorKind.NOT_SUPPORTED,
+    "NVMLError_NoPermission": NvmlErrorKind.NO_PERMISSION,
+    "NVMLError_NotFound": NvmlErrorKind.NOT_FOUND,
+    "NVMLError_DriverNotLoaded": NvmlErrorKind.DRIVER_NOT_LOADED,
+    "NVMLError_Timeout": NvmlErrorKind.TIMEOUT,
+    "NVMLError_LibraryNotFound": NvmlErrorKind.LIBRARY_NOT_FOUND,
+    "NVMLError_FunctionNotFound": NvmlErrorKind.FUNCTION_NOT_FOUND,
+    "NVMLError_CorruptedInforom": NvmlErrorKind.CORRUPTED_INFOROM,
+    "NVMLError_GpuIsLost": NvmlErrorKind.GPU_LOST,
+    "NVMLError_ResetRequired": NvmlErrorKind.RESET_REQUIRED,
+    "NVMLError_LibRmVersionMismatch": NvmlErrorKind.LIB_RM_VERSION_MISMATCH,
+    "NVMLError_ArgumentVersionMismatch": NvmlErrorKind.ARGUMENT_VERSION_MISMATCH,
+    "NVMLError_NotReady": NvmlErrorKind.NOT_READY,
+    "NVMLError_GpuNotFound": NvmlErrorKind.NOT_FOUND,
+    "NVMLError_Unknown": NvmlErrorKind.UNKNOWN,
+}
+
+_UNAVAILABLE_REASONS: dict[NvmlErrorKind, str] = {
+    NvmlErrorKind.BINDINGS_MISSING: "nvidia-ml-py not installed",
+    NvmlErrorKind.LIBRARY_NOT_FOUND:
+        "NVML library not found (libnvidia-ml.so.1): driver not installed",
+    NvmlErrorKind.DRIVER_NOT_LOADED: "NVIDIA kernel driver not loaded",
+    NvmlErrorKind.NO_PERMISSION: "no permission to open the NVIDIA device files",
+    NvmlErrorKind.LIB_RM_VERSION_MISMATCH:
+        "NVML library and kernel driver versions differ (driver updated without a reboot?)",
+    NvmlErrorKind.NOT_FOUND: "the NVIDIA driver found no GPU",
+}
+
+
+class NvmlError(Exception):
+    """One NVML failure: ``kind`` (what), ``call`` (which function), ``gpu_index`` (where)."""
+
+    def __init__(self, kind: NvmlErrorKind | str, call: str, gpu_index: int | None = None,
+                 message: str = "", code: int | None = None):
+        super().__init__(kind, call, gpu_index, message, code)  # keeps it picklable
+        self.kind = NvmlErrorKind(kind)
+        self.call = call
+        self.gpu_index = gpu_index
+        self.message = message
+        self.code = code
+
+    def __str__(self) -> str:
+        where = f" on gpu:{self.gpu_index}" if self.gpu_index is not None else ""
+        return f"{self.call}{where}: {self.message or self.kind.value} ({self.kind.value})"
+
+
+# --- values ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SystemInfo:
+    driver_version: str  # "550.90.07"
+    cuda_driver_version: str  # "12.4"
+    nvml_version: str  # "12.550.90.07"
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """A GPU as NVML enumerates it. A lost GPU keeps its place with what could be read."""
+
+    index: int
+    uuid: str | None = None
+    name: str | None = None
+    pci_bus_id: str | None = None  # canonical: 0000:18:00.0
+    serial: str | None = None
+    memory_total_bytes: int | None = None
+    lost: bool = False
+    error: NvmlError | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class EccInfo:
+    """Counters are ``None`` where NVML does not keep them (ECC off, counter unsupported)."""
+
+    enabled: bool
+    volatile_uncorrected: int | None
+    volatile_corrected: int | None
+    aggregate_uncorrected: int | None
+    aggregate_corrected: int | None
+    pending_enabled: bool | None = None  # the mode after the next reboot
+
+
+@dataclass(frozen=True)
+class RetiredPages:
+    single_bit: int
+    double_bit: int
+    pending: bool
+
+
+@dataclass(frozen=True)
+class RemapInfo:
+    corrected: int
+    uncorrected: int
+    pending: bool  # a remap waits for a GPU reset
+    failure: bool  # a remap failed: the GPU needs replacing
+
+
+@dataclass(frozen=True)
+class RemapHistogram:
+    """Memory banks by spare rows left: ``max`` (all spare) ... ``none`` (no spare left)."""
+
+    max: int
+    high: int
+    partial: int
+    low: int
+    none: int
+
+
+@dataclass(frozen=True)
+class ViolationTime:
+    reference_us: int  # CPU timestamp of the sample, microseconds (nvml.h)
+    violation_ns: int  # cumulative time the policy held clocks down
+
+    @property
+    def reference_ns(self) -> int:
+        return self.reference_us * 1000
+
+
+@dataclass(frozen=True)
+class Temperatures:
+    core_c: int
+    memory_c: int | None = None
+    slowdown_c: int | None = None
+    shutdown_c: int | None = None
+    memory_max_c: int | None = None
+
+
+@dataclass(frozen=True)
+class PcieLink:
+    """Note: idle GPUs may train the link down (power saving); compare under load or max."""
+
+    gen: int
+    max_gen: int
+    width: int
+    max_width: int
+
+
+@dataclass(frozen=True)
+class FabricInfo:
+    state: int  # NVML_GPU_FABRIC_STATE_*: 0 not supported, 1 not started, 2 in progress, 3 done
+    status: int  # an NVML return code; 0 once registration succeeded
+    supported: bool
+    cluster_uuid: str = ""
+    clique_id: int = 0
+
+    @property
+    def completed(self) -> bool:
+        return self.state == NVML_GPU_FABRIC_STATE_COMPLETED and self.status == NVML_SUCCESS
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    used_memory_bytes: int | None  # None where the driver cannot tell (NVML_VALUE_NOT_AVAILABLE)
+
+
+@dataclass(frozen=True)
+class Power:
+    usage_mw: int
+    limit_mw: int | None
+
+
+@dataclass(frozen=True)
+class Clocks:
+    sm_mhz: int
+    max_sm_mhz: int | None
+
+
+# --- helpers --------------------------------------------------------------------------------
+
+
+def _text(value: Any) -> str:
+    """pynvml returns ``str`` since 11.x and ``bytes`` before; struct char arrays are bytes."""
+    return value.decode(errors="replace") if isinstance(value, (bytes, bytearray)) else str(value)
+
+
+def _cuda_version(value: int) -> str:
+    """``12040`` -> ``"12.4"`` (nvml.h: major * 1000 + minor * 10)."""
+    return f"{value // 1000}.{(value % 1000) // 10}"
+
+
+def _field_value(fv: Any) -> int | float:
+    member = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal",
+              6: "usVal"}.get(int(fv.valueType), "uiVal")
+    return getattr(fv.value, member)
+
+
+def translate_error(exc: BaseException, call: str, gpu_index: int | None = None
+                    ) -> NvmlError | None:
+    """An ``NvmlError`` for an exception from any pynvml-shaped module; ``None`` if it is not an
+    NVML error (a bug in the caller, which must not be mistaken for a hardware finding)."""
+    names = [cls.__name__ for cls in type(exc).__mro__]
+    if "NVMLLibraryMismatchError" in names:  # pynvml's wrapper around FunctionNotFound
+        return NvmlError(NvmlErrorKind.FUNCTION_NOT_FOUND, call, gpu_index, str(exc))
+    if "NVMLError" not in names:
+        return None
+    code = getattr(exc, "value", None)
+    kind = _CODE_KINDS.get(code) if isinstance(code, int) else None
+    if kind is None:
+        kind = next((_NAME_KINDS[n] for n in names if n in _NAME_KINDS), NvmlErrorKind.UNKNOWN)
+    try:
+        message = str(exc)
+    except Exception:  # pynvml's __str__ may itself call into a broken library
+        message = f"NVML error {code}"
+    return NvmlError(kind, call, gpu_index, message, code if isinstance(code, int) else None)
+
+
+def _default_loader() -> Any:
+    return importlib.import_module("pynvml")
+
+
+# --- the reader -----------------------------------------------------------------------------
+
+
+class NvmlReader:
+    """Reads GPU health through a pynvml-shaped module.
+
+    ``module_or_loader``: the ``pynvml`` module, any object with the same functions (the
+    simulator's ``FakeNvml``), or a zero-argument callable returning one. ``None`` imports the
+    real ``pynvml`` lazily on ``start()``.
+    """
+
+    def __init__(self, module_or_loader: Any = None):
+        if module_or_loader is None:
+            self._loader: Callable[[], Any] = _default_loader
+        elif hasattr(module_or_loader, "nvmlInit"):
+            module = module_or_loader
+            self._loader = lambda: module
+        elif callable(module_or_loader):
+            self._loader = module_or_loader
+        else:
+            raise TypeError("NvmlReader needs a pynvml-like module or a loader returning one, "
+                            f"got {type(module_or_loader).__name__}")
+        self._lock = threading.RLock()
+        self._started = False
+        self._module: Any = None
+        self._init_error: NvmlError | None = None
+        self._handles: dict[int, Any] = {}
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Load the bindings and ``nvmlInit`` once. Never raises for a missing NVML: see
+        ``available()`` / ``unavailable_reason()``."""
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+            try:
+                module = self._loader()
+            except ImportError as exc:
+                self._init_error = NvmlError(NvmlErrorKind.BINDINGS_MISSING, "import pynvml",
+                                             None, f"nvidia-ml-py not installed ({exc})")
+                return
+            except Exception as exc:  # broken bindings: unavailable with a reason, not a crash
+                self._init_error = NvmlError(NvmlErrorKind.UNKNOWN, "import pynvml", None,
+                                             f"cannot load the NVML bindings: {exc!r}")
+                log.warning("NVML unavailable: %s", self._init_error)
+                return
+            try:
+                self._invoke(module, "nvmlInit")
+            except NvmlError as err:
+                self._init_error = err
+                log.info("NVML unavailable: %s", err)
+                return
+            except Exception as exc:
+                self._init_error = NvmlError(NvmlErrorKind.UNKNOWN, "nvmlInit", None,
+                                             f"nvmlInit raised {exc!r}")
+                log.warning("NVML unavailable: %s", self._init_error)
+                return
+            self._module = module
+
+    def close(self) -> None:
+        """``nvmlShutdown`` (if initialised) and forget everything; a later call starts again."""
+        with self._lock:
+            module, self._module = self._module, None
+            self._started = False
+            self._init_error = None
+            self._handles.clear()
+            if module is not None:
+                try:
+                    self._invoke(module, "nvmlShutdown")
+                except NvmlError as err:
+                    log.debug("nvmlShutdown failed: %s", err)
+
+    def __enter__(self) -> NvmlReader:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def available(self) -> bool:
+        self.start()
+        return self._module is not None
+
+    @property
+    def init_error(self) -> NvmlError | None:
+        self.start()
+        return self._init_error
+
+    def unavailable_reason(self) -> str:
+        """Why NVML cannot be used here, for a ``skipped`` result; ``""`` when it can."""
+        self.start()
+        err = self._init_error
+        if self._module is not None or err is None:
+            return ""
+        reason = _UNAVAILABLE_REASONS.get(err.kind)
+        return reason or f"NVML initialisation failed: {err.message or err.kind.value}"
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def _invoke(self, module: Any, call: str, *args: Any, gpu: int | None = None) -> Any:
+        fn = getattr(module, call, None)
+        if fn is None:
+            raise NvmlError(NvmlErrorKind.FUNCTION_NOT_FOUND, call, gpu,
+                            "not provided by these NVML bindings")
+        try:
+            return fn(*args)
+        except Exception as exc:
+            err = translate_error(exc, call, gpu)
+            if err is None:
+                raise
+            if err.kind is NvmlErrorKind.GPU_LOST and gpu is not None:
+                self._forget(gpu)
+            raise err from exc
+
+    def _ready(self, call: str, gpu: int | None = None) -> Any:
+        self.start()
+        module = self._module
+        if module is None:
+            err = self._init_error
+            kind = err.kind if err else NvmlErrorKind.UNINITIALIZED
+            raise NvmlError(kind, call, gpu, f"NVML unavailable: {self.unavailable_reason()}",
+                            err.code if err else None)
+        return module
+
+    def _forget(self, index: int) -> None:
+        with self._lock:
+            self._handles.pop(index, None)
+
+    def _handle(self, index: int) -> Any:
+        module = self._ready("nvmlDeviceGetHandleByIndex", index)
+        with self._lock:
+            handle = self._handles.get(index)
+        if handle is None:
+            handle = self._invoke(module, "nvmlDeviceGetHandleByIndex", index, gpu=index)
+            with self._lock:
+                self._handles[index] = handle
+        return handle
+
+    def _device(self, call: str, index: int, *args: Any) -> Any:
+        module = self._ready(call, index)
+        return self._invoke(module, call, self._handle(index), *args, gpu=index)
+
+    def _optional(self, call: str, index: int, *args: Any,
+                  absent: tuple[NvmlErrorKind, ...] = (NvmlErrorKind.NOT_SUPPORTED,)) -> Any:
+        try:
+            return self._device(call, index, *args)
+        except NvmlError as err:
+            if err.kind in absent:
+                return None
+            raise
+
+    # -- system and enumeration ----------------------------------------------------------------
+
+    def system(self) -> SystemInfo:
+        module = self._ready("nvmlSystemGetDriverVersion")
+        return SystemInfo(
+            driver_version=_text(self._invoke(module, "nvmlSystemGetDriverVersion")),
+            cuda_driver_version=_cuda_version(
+                int(self._invoke(module, "nvmlSystemGetCudaDriverVersion"))),
+            nvml_version=_text(self._invoke(module, "nvmlSystemGetNVMLVersion")),
+        )
+
+    def count(self) -> int:
+        return int(self._invoke(self._ready("nvmlDeviceGetCount"), "nvmlDeviceGetCount"))
+
+    def gpus(self) -> list[GpuInfo]:
+        """Every GPU NVML enumerates, lost ones included (``lost=True``); a failing count raises."""
+        return [self.gpu_info(i) for i in range(self.count())]
+
+    def gpu_info(self, index: int) -> GpuInfo:
+        try:
+            self._handle(index)
+        except NvmlError as err:
+            return GpuInfo(index, lost=err.kind is NvmlErrorKind.GPU_LOST, error=err)
+        steps: tuple[tuple[str, str, Callable[[Any], Any], bool], ...] = (
+            ("uuid", "nvmlDeviceGetUUID", _text, False),
+            ("name", "nvmlDeviceGetName", _text, False),
+            ("pci_bus_id", "nvmlDeviceGetPciInfo", lambda i: canonical_pci(_text(i.busId)), False),
+            ("serial", "nvmlDeviceGetSerial", _text, True),
+            ("memory_total_bytes", "nvmlDeviceGetMemoryInfo", lambda m: int(m.total), True),
+        )
+        values: dict[str, Any] = {}
+        first_error: NvmlError | None = None
+        for key, call, convert, optional in steps:
+            try:
+                values[key] = convert(self._device(call, index))
+            except NvmlError as err:
+                if err.kind is NvmlErrorKind.GPU_LOST:
+                    return GpuInfo(index, **values, lost=True, error=err)
+                if not (optional and err.kind is NvmlErrorKind.NOT_SUPPORTED):
+                    first_error = first_error or err
+        return GpuInfo(index, **values, error=first_error)
+
+    # -- memory health -------------------------------------------------------------------------
+
+    def ecc(self, index: int) -> EccInfo:
+        current, pending = self._device("nvmlDeviceGetEccMode", index)
+        enabled = int(current) == NVML_FEATURE_ENABLED
+        pending_enabled = int(pending) == NVML_FEATURE_ENABLED
+        if not enabled:
+            return EccInfo(False, None, None, None, None, pending_enabled)
+
+        def count(error_type: int, counter: int) -> int | None:
+            value = self._optional("nvmlDeviceGetTotalEccErrors", index, error_type, counter)
+            return None if value is None else int(value)
+
+        return EccInfo(
+            enabled=True,
+            volatile_uncorrected=count(NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC),
+            volatile_corrected=count(NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC),
+            aggregate_uncorrected=count(NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_AGGREGATE_ECC),
+            aggregate_corrected=count(NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_AGGREGATE_ECC),
+            pending_enabled=pending_enabled,
+        )
+
+    def retired_pages(self, index: int) -> RetiredPages:
+        """Pre-Ampere page retirement; Ampere+ raise ``not_supported`` (use ``remapped_rows``)."""
+        single = self._device("nvmlDeviceGetRetiredPages", index,
+                              NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)
+        double = self._device("nvmlDeviceGetRetiredPages", index,
+                              NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
+        pending = self._device("nvmlDeviceGetRetiredPagesPendingStatus", index)
+        return RetiredPages(len(single), len(double), int(pending) == NVML_FEATURE_ENABLED)
+
+    def remapped_rows(self, index: int) -> RemapInfo:
+        corrected, uncorrected, pending, failure = self._device("nvmlDeviceGetRemappedRows", index)
+        return RemapInfo(int(corrected), int(uncorrected), bool(pending), bool(failure))
+
+    def remap_histogram(self, index: int) -> RemapHistogram:
+        h = self._device("nvmlDeviceGetRowRemapperHistogram", index)
+        return RemapHistogram(int(h.max), int(h.high), int(h.partial), int(h.low), int(h.none))
+
+    # -- clocks, power, temperature ------------------------------------------------------------
+
+    def clock_event_reasons(self, index: int) -> int:
+        """The nvmlClocksEventReason* bit mask (same bits as the older ThrottleReason names)."""
+        module = self._ready("nvmlDeviceGetCurrentClocksEventReasons", index)
+        old = "nvmlDeviceGetCurrentClocksThrottleReasons"
+        if hasattr(module, "nvmlDeviceGetCurrentClocksEventReasons"):
+            try:
+                return int(self._device("nvmlDeviceGetCurrentClocksEventReasons", index))
+            except NvmlError as err:  # a pre-R535 driver under new bindings
+                if err.kind is not NvmlErrorKind.FUNCTION_NOT_FOUND or not hasattr(module, old):
+                    raise
+        return int(self._device(old, index))
+
+    def violation_ns(self, index: int, policy: int | str) -> ViolationTime:
+        """Cumulative time ``policy`` (an NVML_PERF_POLICY_* value or a ``PERF_POLICIES`` name)
+        held the clocks down."""
+        if isinstance(policy, str):
+            if policy not in PERF_POLICIES:
+                raise ValueError(f"unknown perf policy {policy!r}; known: {sorted(PERF_POLICIES)}")
+            policy = PERF_POLICIES[policy]
+        v = self._device("nvmlDeviceGetViolationStatus", index, policy)
+        return ViolationTime(int(v.referenceTime), int(v.violationTime))
+
+    def temperatures(self, index: int) -> Temperatures:
+        core = int(self._device("nvmlDeviceGetTemperature", index, NVML_TEMPERATURE_GPU))
+
+        def threshold(which: int) -> int | None:
+            value = self._optional("nvmlDeviceGetTemperatureThreshold", index, which)
+            return None if value is None else int(value)
+
+        return Temperatures(
+            core_c=core,
+            memory_c=self._memory_temperature(index),
+            slowdown_c=threshold(NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
+            shutdown_c=threshold(NVML_TEMPERATURE_THRESHOLD_SHUTDOWN),
+            memory_max_c=threshold(NVML_TEMPERATURE_THRESHOLD_MEM_MAX),
+        )
+
+    def _memory_temperature(self, index: int) -> int | None:
+        call = "nvmlDeviceGetFieldValues"
+        values = self._optional(call, index, [NVML_FI_DEV_MEMORY_TEMP],
+                                absent=(NvmlErrorKind.NOT_SUPPORTED,
+                                        NvmlErrorKind.FUNCTION_NOT_FOUND))
+        if values is None:
+            return None
+        fv = values[0]
+        ret = int(fv.nvmlReturn)
+        if ret == NVML_SUCCESS:
+            return int(_field_value(fv))
+        kind = _CODE_KINDS.get(ret, NvmlErrorKind.UNKNOWN)
+        if kind is NvmlErrorKind.NOT_SUPPORTED:
+            return None
+        if kind is NvmlErrorKind.GPU_LOST:
+            self._forget(index)
+        raise NvmlError(kind, f"{call}(NVML_FI_DEV_MEMORY_TEMP)", index,
+                        f"field value returned NVML error {ret}", ret)
+
+    def power(self, index: int) -> Power:
+        usage = int(self._device("nvmlDeviceGetPowerUsage", index))
+        limit = self._optional("nvmlDeviceGetEnforcedPowerLimit", index)
+        return Power(usage, None if limit is None else int(limit))
+
+    def clocks(self, index: int) -> Clocks:
+        sm = int(self._device("nvmlDeviceGetClockInfo", index, NVML_CLOCK_SM))
+        max_sm = self._optional("nvmlDeviceGetMaxClockInfo", index, NVML_CLOCK_SM)
+        return Clocks(sm, None if max_sm is None else int(max_sm))
+
+    # -- interconnects -------------------------------------------------------------------------
+
+    def nvlink_states(self, index: int, max_links: int = 18) -> list[bool | None]:
+        """Up/down per link, stopping at the first link the GPU does not have; ``None`` where one
+        link's state could not be read (``Unknown`` / ``Timeout``). ``[]``: no NVLink."""
+        states: list[bool | None] = []
+        for link in range(max_links):
+            try:
+                state = self._device("nvmlDeviceGetNvLinkState", index, link)
+            except NvmlError as err:
+                if err.kind in (NvmlErrorKind.INVALID_ARGUMENT, NvmlErrorKind.NOT_SUPPORTED):
+                    break
+                if err.kind in (NvmlErrorKind.UNKNOWN, NvmlErrorKind.TIMEOUT):
+                    states.append(None)
+                    continue
+                raise
+            states.append(int(state) == NVML_FEATURE_ENABLED)
+        return states
+
+    def nvlink_errors(self, index: int, link: int) -> dict[str, int]:
+        """Error counters of one link by ``NVLINK_COUNTERS`` name; unsupported ones are absent."""
+        out: dict[str, int] = {}
+        for counter, name in NVLINK_COUNTERS.items():
+            value = self._optional("nvmlDeviceGetNvLinkErrorCounter", index, link, counter)
+            if value is not None:
+                out[name] = int(value)
+        return out
+
+    def pcie_link(self, index: int) -> PcieLink:
+        return PcieLink(
+            gen=int(self._device("nvmlDeviceGetCurrPcieLinkGeneration", index)),
+            max_gen=int(self._device("nvmlDeviceGetMaxPcieLinkGeneration", index)),
+            width=int(self._device("nvmlDeviceGetCurrPcieLinkWidth", index)),
+            max_width=int(self._device("nvmlDeviceGetMaxPcieLinkWidth", index)),
+        )
+
+    def pcie_replay_counter(self, index: int) -> int:
+        return int(self._device("nvmlDeviceGetPcieReplayCounter", index))
+
+    def fabric(self, index: int) -> FabricInfo:
+        """NVSwitch fabric registration (Hopper+); ``supported=False`` where there is none."""
+        module = self._ready("nvmlDeviceGetGpuFabricInfoV", index)
+        attempts = [(call, getattr(module, struct, None)) for call, struct in (
+            ("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfoV_t"),
+            ("nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t"),
+        ) if hasattr(module, call) and hasattr(module, struct)]
+        if not attempts:
+            raise NvmlError(NvmlErrorKind.FUNCTION_NOT_FOUND, "nvmlDeviceGetGpuFabricInfo", index,
+                            "these NVML bindings have no fabric info")
+        for n, (call, struct) in enumerate(attempts):
+            info = struct()
+            try:
+                self._device(call, index, ctypes.byref(info))
+            except NvmlError as err:
+                if err.kind is NvmlErrorKind.NOT_SUPPORTED:
+                    return FabricInfo(NVML_GPU_FABRIC_STATE_NOT_SUPPORTED,
+                                      NVML_ERROR_NOT_SUPPORTED, False)
+                retry = (NvmlErrorKind.FUNCTION_NOT_FOUND, NvmlErrorKind.ARGUMENT_VERSION_MISMATCH)
+                if err.kind in retry and n + 1 < len(attempts):
+                    continue
+                raise
+            raw = bytes(info.clusterUuid)
+            state = int(info.state)
+            return FabricInfo(
+                state=state,
+                status=int(info.status),
+                supported=state != NVML_GPU_FABRIC_STATE_NOT_SUPPORTED,
+                cluster_uuid=str(uuid.UUID(bytes=raw)) if any(raw) else "",
+                clique_id=int(info.cliqueId),
+            )
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- MIG and processes ---------------------------------------------------------------------
+
+    def mig_enabled(self, index: int) -> bool:
+        mode = self._optional("nvmlDeviceGetMigMode", index)
+        return mode is not None and int(mode[0]) == NVML_DEVICE_MIG_ENABLE
+
+    def numa_node(self, index: int) -> int | None:
+        node = self._optional("nvmlDeviceGetNumaNodeId", index,
+                              absent=(NvmlErrorKind.NOT_SUPPORTED,
+                                      NvmlErrorKind.FUNCTION_NOT_FOUND))
+        return None if node is None or int(node) < 0 else int(node)
+
+    def processes(self, index: int) -> list[GpuProcess]:
+        """Compute and graphics processes on the GPU, one entry per pid, sorted by pid."""
+        found: dict[int, int | None] = {}
+        for call, optional in (("nvmlDeviceGetComputeRunningProcesses", False),
+                               ("nvmlDeviceGetGraphicsRunningProcesses", True)):
+            try:
+                procs = self._processes(call, index)
+            except NvmlError as err:
+                if optional and err.kind is NvmlErrorKind.NOT_SUPPORTED:
+                    continue
+                raise
+            for p in procs:
+                pid = int(p.pid)
+                mem = getattr(p, "usedGpuMemory", None)
+                mem = None if mem is None else int(mem)
+                known = found.get(pid)
+                found[pid] = mem if known is None else max(known, mem or 0)
+        return [GpuProcess(pid, mem) for pid, mem in sorted(found.items())]
+
+    def _processes(self, call: str, index: int) -> list[Any]:
+        try:
+            return list(self._device(call, index))
+        except NvmlError as err:  # bindings newer than the driver: the _v3 symbol is missing
+            module = self._ready(call, index)
+            if err.kind is not NvmlErrorKind.FUNCTION_NOT_FOUND or not hasattr(module,
+                                                                                call + "_v2"):
+                raise
+            return list(self._device(call + "_v2", index))

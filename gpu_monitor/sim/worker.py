@@ -1,0 +1,114 @@
+"""The simulated device's seam: how ``slow`` and ``wrong-results`` reach a CPU "GPU".
+
+This is the only place where a simulated fault changes what an active check measures. The
+simulated node writes its state file (sim/node.py) and names it in the workers' environment as
+``GPU_MONITOR_SIM_STATE``; the worker's device layer (gpu_monitor/workers/device.py) calls
+``seam_for()`` once when it opens a device and, when that returns a ``Seam``, routes two things
+through it:
+
+- ``Seam.account(elapsed_s)`` after each timed burst of compute: a device with
+  ``speed_factor`` 3 sleeps twice the burst's duration, so it is measured three times slower
+  (sleeping, not spinning, keeps a shared 2-core machine free for the other workers);
+- ``Seam.corrupt(tensor)`` on what the device produces (matmul results) and what it contributes
+  to a collective: a device with ``wrong_results`` flips the lowest bit of one element, every
+  time, at the same place. That is the subtle fault that only a bit-for-bit comparison *across*
+  devices finds (the device agrees with itself).
+
+Check code never looks at this module or the variable: without ``GPU_MONITOR_SIM_STATE`` (every
+real host) ``seam_for`` returns ``None`` and the device layer calls nothing here. Peer copies
+(nvlink_peer) do not pass through the seam: on real GPUs they run on the copy engines, not on
+the SMs that ``wrong-results`` stands for.
+
+This module imports no torch; ``corrupt`` works on whatever tensor it is handed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+SEAM_ENV = "GPU_MONITOR_SIM_STATE"
+
+
+@dataclass(frozen=True)
+class Seam:
+    """The faults of one simulated device, as the state file described them at open time."""
+
+    uuid: str | None
+    index: int | None
+    speed_factor: float = 1.0
+    wrong_results: bool = False
+    sdc: bool = False
+
+    @property
+    def active(self) -> bool:
+        return self.speed_factor != 1.0 or self.wrong_results or self.sdc
+
+    def account(self, elapsed_s: float, sleep=time.sleep) -> None:
+        """Stretch a burst that took ``elapsed_s`` to ``speed_factor`` times as long."""
+        if self.speed_factor > 1.0 and elapsed_s > 0:
+            sleep(elapsed_s * (self.speed_factor - 1.0))
+
+    def corrupt(self, tensor: Any) -> Any:
+        """Flip the lowest bit of one element of ``tensor`` in place (when ``wrong_results``).
+
+        The element is fixed (a third of the way in), so the device is wrong the same way every
+        time. Returns the tensor.
+        """
+        if self.wrong_results and tensor.numel() > 0:
+            flip_low_bit(tensor, tensor.numel() // 3)
+        return tensor
+
+
+def flip_low_bit(tensor: Any, flat_index: int) -> None:
+    """XOR 1 into the raw bits of element ``flat_index`` of a contiguous tensor."""
+    import torch  # the worker has it already; the daemon never calls this
+
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    flat = tensor.view(-1)
+    if tensor.dtype.is_floating_point:
+        raw = flat.view(ints[tensor.element_size()])
+        raw[flat_index] ^= 1
+    else:
+        flat[flat_index] ^= 1
+
+
+def read_state(path: str) -> Mapping[str, Any]:
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def seam_for(uuid: str | None, index: int | None,
+             environ: Mapping[str, str] | None = None) -> Seam | None:
+    """The seam of the device with ``uuid`` (else ``index``); ``None`` on a real host.
+
+    A state file that is named but unreadable raises: a simulated run must not silently lose
+    its injected faults and report a healthy node.
+    """
+    env = os.environ if environ is None else environ
+    path = env.get(SEAM_ENV)
+    if not path:
+        return None
+    try:
+        state = read_state(path)
+    except (OSError, ValueError) as exc:
+        raise RuntimeError(f"{SEAM_ENV}={path}: cannot read the simulation state: {exc}") from exc
+    gpus = state.get("gpus") or []
+    entry = None
+    if uuid:
+        entry = next((g for g in gpus if g.get("uuid") == uuid), None)
+    if entry is None and index is not None:
+        entry = next((g for g in gpus if g.get("index") == index), None)
+    if entry is None:
+        return Seam(uuid, index)
+    return Seam(
+        uuid=entry.get("uuid", uuid),
+        index=entry.get("index", index),
+        speed_factor=float(entry.get("speed_factor") or 1.0),
+        wrong_results=bool(entry.get("wrong_results")),
+        sdc=bool(entry.get("sdc")),
+    )

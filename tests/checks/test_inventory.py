@@ -1,0 +1,119 @@
+import pytest
+
+from checks.inventory import Inventory, version_tuple
+from gpu_monitor.check import Context
+from gpu_monitor.config import DEFAULT_CONFIG
+from gpu_monitor.model import Status
+from gpu_monitor.profiles import load_profile
+from gpu_monitor.runner import run_check
+from gpu_monitor.sim.inject import parse
+from gpu_monitor.sim.node import SimulatedNode
+
+
+@pytest.fixture
+def sim(request):
+    nodes = []
+
+    def make(profile="h100-sxm-8", *faults, expect=None):
+        node = SimulatedNode(load_profile(profile), [parse(f) for f in faults])
+        nodes.append(node)
+        host = node.host()
+        prof = load_profile(expect or profile).for_simulation()
+        return node, Context(host=host, profile=prof, config=DEFAULT_CONFIG)
+
+    yield make
+    for n in nodes:
+        n.close()
+
+
+def by_target(results):
+    return {r.target: r for r in results}
+
+
+def test_healthy_node_all_gpus_ok_with_uuids(sim):
+    node, ctx = sim()
+    results = run_check(Inventory(), ctx).results
+    assert all(r.status is Status.OK for r in results)
+    targets = by_target(results)
+    assert set(targets) == {f"gpu:{i}" for i in range(8)} | {"node"}
+    assert targets["gpu:0"].details["uuid"] == node.spec.gpu(0).uuid
+    assert targets["node"].details["found_gpus"] == 8
+
+
+@pytest.mark.parametrize("index", [0, 3, 7])
+def test_gpu_missing_from_nvml_but_on_bus_is_named_by_slot(sim, index):
+    _, ctx = sim("h100-sxm-8", f"gpu-missing@gpu:{index}")
+    results = run_check(Inventory(), ctx).results
+    failed = [r for r in results if r.status is Status.FAILED]
+    assert [(r.target, r.reason) for r in failed] == [(f"gpu:{index}", "GpuMissing")]
+    # Every other slot is reported ok under its own, un-shifted name.
+    oks = {r.target for r in results if r.status is Status.OK}
+    assert oks == {f"gpu:{i}" for i in range(8) if i != index} | {"node"}
+
+
+def test_gpu_gone_from_bus_and_nvml_counts_against_profile(sim):
+    _, ctx = sim("h100-sxm-8", "gpu-missing@gpu:7,bus=0")
+    failed = [r for r in run_check(Inventory(), ctx).results if r.status is Status.FAILED]
+    assert [(r.target, r.reason) for r in failed] == [("gpu:7", "GpuMissing")]
+
+
+def test_gpus_on_bus_with_nvml_unavailable_fail_nvml_unavailable(sim):
+    node, ctx = sim()
+    node.spec.nvml_library_missing = True
+    (r,) = run_check(Inventory(), ctx).results
+    assert r.status is Status.FAILED and r.reason == "NvmlUnavailable" and r.target == "node"
+    assert len(r.details["pci_bus_ids"]) == 8
+    assert "not found" in r.details["nvml_error"].lower()
+
+
+def test_cpu_only_node_is_healthy_without_nvml(sim):
+    _, ctx = sim("cpu-only")
+    (r,) = run_check(Inventory(), ctx).results
+    assert r.status is Status.OK and r.details["found_gpus"] == 0
+
+
+def test_profile_expecting_gpus_on_gpu_less_node_fails(sim):
+    _, ctx = sim("cpu-only", expect="h100-sxm-8")
+    (r,) = run_check(Inventory(), ctx).results
+    assert r.status is Status.FAILED and r.reason == "GpuMissing"
+
+
+def test_lost_gpu_fails_with_its_slot(sim):
+    _, ctx = sim("a100-sxm-8", "nvml-error@gpu:2,error=GpuIsLost")
+    failed = [r for r in run_check(Inventory(), ctx).results if r.status is Status.FAILED]
+    assert [(r.target, r.reason) for r in failed] == [("gpu:2", "GpuLost")]
+
+
+def test_wrong_model_fails(sim):
+    _, ctx = sim("a100-sxm-8", expect="h100-sxm-8")
+    results = run_check(Inventory(), ctx).results
+    assert {r.reason for r in results if r.status is Status.FAILED} == {"GpuModelMismatch"}
+
+
+def test_old_driver_fails(sim):
+    node, ctx = sim()
+    node.spec.driver_version = "470.57.02"
+    results = by_target(run_check(Inventory(), ctx).results)
+    assert results["node"].reason == "DriverTooOld"
+    assert results["node"].details["min_driver_version"]
+
+
+def test_more_gpus_than_expected_is_degraded(sim):
+    node, ctx = sim()
+    ctx.profile = ctx.profile.with_overrides({"gpu": {"count": 4}})
+    results = [r for r in run_check(Inventory(), ctx).results if r.reason == "GpuCountUnexpected"]
+    assert results and results[0].status is Status.DEGRADED
+
+
+def test_enumeration_error_is_unknown(sim):
+    node, ctx = sim()
+    ctx.host.nvml.start()
+    ctx.host.nvml._module.system_errors["nvmlDeviceGetCount"] = "Unknown"  # type: ignore[attr-defined]
+    (r,) = run_check(Inventory(), ctx).results
+    assert r.status is Status.UNKNOWN and r.reason == "NvmlReadError"
+
+
+@pytest.mark.parametrize("text, want", [("535.104.05", (535, 104, 5)), ("12.4", (12, 4)),
+                                        ("550.54.15-rc1", (550, 54, 15)), ("", ())])
+def test_version_tuple(text, want):
+    assert version_tuple(text) == want

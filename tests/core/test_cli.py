@@ -1,0 +1,115 @@
+import json
+
+from gpu_monitor.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_bootstrap_simulated_h100_json_is_healthy(capsys):
+    code, out, _ = run(capsys, "bootstrap", "--simulate", "h100-sxm-8", "--output", "json",
+                       "--log-level", "error")
+    report = json.loads(out)
+    assert code == 0, out
+    assert report["schema"] == 1 and report["verdict"] == "healthy"
+    assert report["profile"] == "h100-sxm-8"
+    assert {"check", "status", "target", "reason", "message", "details", "action",
+            "observed_at"} <= set(report["results"][0])
+
+
+def test_bootstrap_gpu_missing_exits_1_naming_gpu(capsys):
+    code, out, _ = run(capsys, "bootstrap", "--simulate", "h100-sxm-8", "--inject",
+                       "gpu-missing@gpu:7", "--log-level", "error")
+    assert code == 1
+    assert "gpu:7" in out and "GpuMissing" in out
+
+
+def test_bad_config_exits_2_naming_field(capsys, tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("expected_gpus: lots\n")
+    code, _, err = run(capsys, "bootstrap", "--simulate", "h100-sxm-8", "--config", str(cfg))
+    assert code == 2
+    assert "expected_gpus" in err
+
+
+def test_inject_without_simulate_is_a_usage_error(capsys):
+    code, _, err = run(capsys, "bootstrap", "--inject", "xid@gpu:1,code=79")
+    assert code == 2 and "--simulate" in err
+
+
+def test_malformed_inject_is_a_usage_error(capsys):
+    code, _, err = run(capsys, "bootstrap", "--simulate", "h100-sxm-8", "--inject", "xid@gpu")
+    assert code == 2 and "gpu target" in err
+
+
+def test_unknown_profile_is_a_usage_error(capsys):
+    code, _, err = run(capsys, "bootstrap", "--simulate", "h900-sxm-8")
+    assert code == 2 and "h900" in err
+
+
+def test_unknown_check_is_a_usage_error(capsys):
+    code, _, err = run(capsys, "check", "nope", "--simulate", "h100-sxm-8")
+    assert code == 2 and "unknown check" in err
+
+
+def test_list_checks_lists_inventory_as_json(capsys):
+    code, out, _ = run(capsys, "list-checks", "--output", "json")
+    rows = json.loads(out)
+    assert code == 0
+    inv = next(r for r in rows if r["name"] == "inventory")
+    assert inv["enabled"] is True and "bootstrap" in inv["kinds"]
+
+
+def test_list_checks_table(capsys):
+    code, out, _ = run(capsys, "list-checks")
+    assert code == 0 and "inventory" in out and "SUMMARY" in out
+
+
+def test_check_command_runs_one_check(capsys):
+    code, out, _ = run(capsys, "check", "inventory", "--simulate", "a100-sxm-8", "-o", "json",
+                       "--log-level", "error")
+    assert code == 0
+    assert {r["check"] for r in json.loads(out)["results"]} == {"inventory"}
+
+
+def test_skip_and_checks_flags(capsys):
+    code, out, _ = run(capsys, "bootstrap", "--simulate", "h100-sxm-8", "--checks", "inventory",
+                       "-o", "json", "--log-level", "error")
+    assert code == 0 and {r["check"] for r in json.loads(out)["results"]} == {"inventory"}
+    code, out, _ = run(capsys, "bootstrap", "--simulate", "h100-sxm-8", "--skip", "inventory",
+                       "-o", "json", "--log-level", "error")
+    assert "inventory" not in {r["check"] for r in json.loads(out)["results"]}
+
+
+def test_help_documents_inject_kinds(capsys):
+    assert main(["bootstrap", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "port-down@ib:mlx5_0:1" in out and "nvml-error@gpu:" in out
+
+
+def test_real_host_without_gpus_is_examined_not_simulated(capsys, tmp_path):
+    # An empty sysfs/procfs: no NVIDIA functions on the bus, no NVML on this machine.
+    (tmp_path / "sys").mkdir()
+    (tmp_path / "proc").mkdir()
+    code, out, _ = run(capsys, "check", "inventory", "--path.sysfs", str(tmp_path / "sys"),
+                       "--path.procfs", str(tmp_path / "proc"), "--state",
+                       str(tmp_path / "s.db"), "-o", "json", "--log-level", "error")
+    report = json.loads(out)
+    assert report["profile"] == "cpu-only" and code == 0
+
+
+def test_real_host_with_gpus_on_bus_but_no_nvml_is_unhealthy(capsys, tmp_path):
+    from gpu_monitor.profiles import load_profile
+    from gpu_monitor.sim.node import build_spec
+    from gpu_monitor.sim.sysfs_tree import write_tree
+
+    write_tree(str(tmp_path), build_spec(load_profile("h100-sxm-8")))
+    code, out, _ = run(capsys, "check", "inventory", "--path.sysfs", str(tmp_path / "sys"),
+                       "--path.procfs", str(tmp_path / "proc"), "--state",
+                       str(tmp_path / "s.db"), "-o", "json", "--log-level", "error")
+    report = json.loads(out)
+    assert code == 1
+    assert report["results"][0]["reason"] == "NvmlUnavailable"
