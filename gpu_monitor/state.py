@@ -527,7 +527,9 @@ def _apply_migrations(conn: sqlite3.Connection, path: str,
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
-        log.info("state %s: migrated to schema version %d (%s)", path, m.version, m.summary)
+        # Creating a new store is routine; upgrading an existing one is worth a log line.
+        log.log(logging.DEBUG if version == 0 else logging.INFO,
+                "state %s: migrated to schema version %d (%s)", path, m.version, m.summary)
 
 
 # --- the store -------------------------------------------------------------------------------

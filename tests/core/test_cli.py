@@ -113,3 +113,23 @@ def test_real_host_with_gpus_on_bus_but_no_nvml_is_unhealthy(capsys, tmp_path):
     report = json.loads(out)
     assert code == 1
     assert report["results"][0]["reason"] == "NvmlUnavailable"
+
+
+def test_corrupt_state_file_exits_2_with_recovery_text(capsys, tmp_path):
+    db = tmp_path / "state.db"
+    db.write_bytes(b"this is not a sqlite database" * 100)
+    code, _, err = run(capsys, "check", "inventory", "--simulate", "h100-sxm-8", "--state",
+                       str(db))
+    assert code == 2
+    assert str(db) in err and "move" in err.lower()
+    assert "Traceback" not in err
+
+
+def test_json_log_format_emits_json_lines(capsys, tmp_path):
+    code, _, err = run(capsys, "bootstrap", "--simulate", "h100-sxm-8", "--log-format", "json",
+                       "--log-level", "debug", "--state", str(tmp_path / "s.db"), "-o", "json")
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert lines, "expected debug log lines"
+    for ln in lines:
+        rec = json.loads(ln)
+        assert {"ts", "level", "logger", "msg"} <= set(rec)
