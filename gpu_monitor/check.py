@@ -34,6 +34,8 @@ FRAMEWORK_REASONS = (
     "NoResult",
     "GpuBusy",
     "MigEnabled",
+    "KmsgOverrun",
+    "KmsgUnavailable",
 )
 
 # Requirement tokens a check may declare; ``Host.unmet`` explains each one that is missing.

@@ -1,75 +1,330 @@
-"""The long-running per-node process: polls passive checks on their intervals.
+"""The long-running per-node process: follows the kernel log, polls passive checks, serves
+``/metrics``.
 
-Guarantees:
-1. One slow check never starves another: each passive check has its own scheduling slot and
-   runs under the runner's timeout.
-2. Every outcome is committed to the store before anything consumes it.
-3. SIGTERM/SIGINT stop the loop cleanly within one tick.
+Guarantees, in order:
+1. **Nothing is lost, nothing double-counted.** At start the kernel ring buffer is replayed;
+   records at or below the store's high-water mark for this boot id are skipped, so a restart
+   neither re-counts nor misses an XID. A record's results are committed before its sequence
+   number is marked, so a crash between the two replays the record instead of losing it.
+2. **One slow source never starves another.** The kernel-log follower has its own thread; each
+   polled check runs on a worker pool with at most one run in flight per check, under the
+   runner's timeout. A check still running when it is due again is not started twice.
+3. **Every outcome is stored before anything consumes it** (metrics read the store at scrape
+   time; remediation reads results).
+4. **Time is injected.** The scheduler reads the ``Clock`` it is given; tests drive ``tick()``
+   with a fake clock and ten-minute windows pass in milliseconds.
+5. **SIGTERM stops it cleanly** within one scheduler tick.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import select
 import signal
+import stat
 import threading
+import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import timedelta
 
 from gpu_monitor.check import Check, Context
-from gpu_monitor.model import Kind, Report
+from gpu_monitor.model import NODE, Kind, Report, Result, Status
 from gpu_monitor.runner import RunOutcome, run_check
 
 log = logging.getLogger(__name__)
 
+PRUNE_EVERY_S = 3600.0
+PRUNE_HORIZON = timedelta(days=2)
+
+
+def _handles_kmsg(check: Check) -> bool:
+    return type(check).on_kmsg is not Check.on_kmsg
+
+
+def _polls(check: Check) -> bool:
+    return type(check).poll is not Check.poll
+
+
+class DaemonStats:
+    """Process-local counters exported as metrics (they restart at 0 with the process, which
+    Prometheus counters tolerate)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.kmsg_records = 0
+        self.kmsg_parse_errors = 0
+        self.kmsg_gaps = 0
+        self.kmsg_skipped_replay = 0
+        self.last_tick_monotonic = time.monotonic()
+        self.last_kmsg_loop_monotonic = time.monotonic()
+
+    def snapshot(self) -> dict[str, float]:
+        with self.lock:
+            return {"kmsg_records": self.kmsg_records,
+                    "kmsg_parse_errors": self.kmsg_parse_errors,
+                    "kmsg_gaps": self.kmsg_gaps,
+                    "kmsg_skipped_replay": self.kmsg_skipped_replay}
+
 
 class Daemon:
-    def __init__(self, checks: Sequence[Check], ctx: Context, tick_s: float = 0.2):
+    def __init__(self, checks: Sequence[Check], ctx: Context, tick_s: float = 0.1,
+                 kmsg_poll_s: float = 0.01, max_workers: int | None = None):
         self.checks = list(checks)
         self.ctx = ctx
         self.tick_s = tick_s
+        self.kmsg_poll_s = kmsg_poll_s
+        self.stats = DaemonStats()
         self.stop_event = threading.Event()
+        self.replayed = threading.Event()
         self.next_due: dict[str, float] = {}
+        self.in_flight: dict[str, Future] = {}
+        self.pool = ThreadPoolExecutor(max_workers=max_workers or max(2, len(self.checks)),
+                                       thread_name_prefix="poll")
+        self.kmsg_checks = [c for c in self.checks if _handles_kmsg(c)]
+        self.poll_checks = [c for c in self.checks if _polls(c)]
+        self._kmsg_source = None
+        self._kmsg_thread: threading.Thread | None = None
+        self._boot_id = ""
+        self._last_prune = None
+        self._store_lock = threading.Lock()
+
+    # --- results ---------------------------------------------------------------------------------
+
+    def _store(self, outcome: RunOutcome) -> None:
+        if self.ctx.store is None:
+            return
+        try:
+            self.ctx.store.record_run(outcome)
+        except Exception as exc:  # noqa: BLE001 - keep monitoring even if history fails
+            log.error("cannot store results of %s: %s", outcome.check, exc)
 
     def interval(self, check: Check) -> float:
         value = self.ctx.setting(check.name, "interval_s", check.interval)
         return float(value or 0.0)
 
+    # --- one-shot --------------------------------------------------------------------------------
+
     def run_once(self) -> list[RunOutcome]:
+        """Every check once, one-shot semantics (``daemon --once``)."""
         outcomes = []
         for check in self.checks:
-            outcomes.append(self._run(check))
+            outcome = run_check(check, self.ctx, method="run")
+            self._store(outcome)
+            outcomes.append(outcome)
         return outcomes
 
-    def _run(self, check: Check) -> RunOutcome:
+    # --- polling -----------------------------------------------------------------------------------
+
+    def _poll(self, check: Check) -> RunOutcome:
         outcome = run_check(check, self.ctx, method="poll")
-        if self.ctx.store is not None:
-            try:
-                self.ctx.store.record_run(outcome)
-            except Exception as exc:  # noqa: BLE001 - keep monitoring even if history fails
-                log.error("cannot store results of %s: %s", check.name, exc)
+        self._store(outcome)
         return outcome
 
-    def step(self) -> None:
+    def tick(self, wait: bool = False) -> list[RunOutcome]:
+        """Start every check that is due; with ``wait``, wait for them and return outcomes."""
         now = self.ctx.clock.monotonic()
-        for check in self.checks:
+        self.stats.last_tick_monotonic = time.monotonic()
+        started: list[Future] = []
+        for check in self.poll_checks:
             interval = self.interval(check)
             if interval <= 0:
                 continue
-            due = self.next_due.get(check.name, now)
-            if now >= due:
-                self._run(check)
-                self.next_due[check.name] = now + interval
+            running = self.in_flight.get(check.name)
+            if running is not None and not running.done():
+                continue  # still running: never two runs of one check at once
+            if now < self.next_due.get(check.name, now):
+                continue
+            self.next_due[check.name] = now + interval
+            fut = self.pool.submit(self._poll, check)
+            self.in_flight[check.name] = fut
+            started.append(fut)
+        self._maybe_prune()
+        if wait:
+            return [f.result() for f in started]
+        return []
+
+    def _maybe_prune(self) -> None:
+        store = self.ctx.store
+        if store is None:
+            return
+        now = self.ctx.clock.monotonic()
+        if self._last_prune is not None and now - self._last_prune < PRUNE_EVERY_S:
+            return
+        self._last_prune = now
+        try:
+            store.prune(PRUNE_HORIZON)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("pruning the state store failed: %s", exc)
+
+    # --- kernel log --------------------------------------------------------------------------------
+
+    def open_kmsg(self) -> None:
+        """Open the kernel log and replay what it holds (skipping what the store has seen)."""
+        try:
+            self._boot_id = self.ctx.host.procfs.boot_id() or ""
+        except Exception:  # noqa: BLE001
+            self._boot_id = ""
+        if not self.kmsg_checks:
+            self.replayed.set()
+            return
+        try:
+            self._kmsg_source = self.ctx.host.open_kmsg(replay=True)
+        except OSError as exc:
+            log.error("cannot open the kernel log %s: %s; XID detection is unknown",
+                      self.ctx.host.paths.kmsg_path, exc)
+            self._report_kmsg_problem("KmsgUnavailable",
+                                      f"cannot read the kernel log: {exc}")
+            self.replayed.set()
+            return
+        self.pump_kmsg()
+        self.replayed.set()
+
+    def _report_kmsg_problem(self, reason: str, message: str) -> None:
+        for check in self.kmsg_checks:
+            res = Result(check=check.name, status=Status.UNKNOWN, target=NODE, reason=reason,
+                         message=message, observed_at=self.ctx.clock.now())
+            self._store(RunOutcome(check.name, (res,), self.ctx.clock.now(), 0.0, False, reason))
+
+    def pump_kmsg(self) -> int:
+        """Read and dispatch every record available now; returns how many were dispatched."""
+        from gpu_monitor.hw.kmsg import KmsgGap
+
+        src = self._kmsg_source
+        if src is None:
+            return 0
+        try:
+            items = src.read_available()
+        except OSError as exc:
+            log.error("kernel log read failed: %s", exc)
+            self._report_kmsg_problem("KmsgUnavailable", f"kernel log read failed: {exc}")
+            return 0
+        store = self.ctx.store
+        high = None
+        if store is not None and self._boot_id:
+            try:
+                high = store.kmsg_high_water(self._boot_id)
+            except Exception:  # noqa: BLE001
+                high = None
+        n = 0
+        for item in items:
+            if isinstance(item, KmsgGap):
+                with self.stats.lock:
+                    self.stats.kmsg_gaps += 1
+                log.warning("kernel ring buffer overrun: %s records lost (%s)",
+                            item.missed if item.missed is not None else "some", item.reason)
+                self._report_kmsg_problem(
+                    "KmsgOverrun",
+                    f"kernel ring buffer overrun: {item.missed or 'some'} records lost before "
+                    "they were read; events in them may be missed")
+                continue
+            if getattr(item, "malformed", False):
+                with self.stats.lock:
+                    self.stats.kmsg_parse_errors += 1
+            seq = item.seq
+            if seq is not None and high is not None and seq <= high:
+                with self.stats.lock:
+                    self.stats.kmsg_skipped_replay += 1
+                continue
+            self._dispatch(item)
+            if seq is not None and store is not None and self._boot_id:
+                try:
+                    store.mark_kmsg(self._boot_id, seq)
+                except Exception as exc:  # noqa: BLE001
+                    log.error("cannot record kernel-log position: %s", exc)
+            n += 1
+        if n:
+            with self.stats.lock:
+                self.stats.kmsg_records += n
+        return n
+
+    def _dispatch(self, record) -> None:
+        for check in self.kmsg_checks:
+            outcome = run_check(check, self.ctx, method="on_kmsg", record=record)
+            if outcome.results:
+                self._store(outcome)
+
+    def _kmsg_loop(self) -> None:
+        src = self._kmsg_source
+        fd = None
+        selectable = False
+        try:
+            fd = src.fileno()
+            selectable = not stat.S_ISREG(os.fstat(fd).st_mode)
+        except (OSError, AttributeError, ValueError):
+            selectable = False
+        while not self.stop_event.is_set():
+            self.stats.last_kmsg_loop_monotonic = time.monotonic()
+            try:
+                self.pump_kmsg()
+            except Exception as exc:  # noqa: BLE001 - the follower must survive anything
+                log.error("kernel-log follower error: %s", exc, exc_info=True)
+            if selectable:
+                try:
+                    select.select([src.fileno()], [], [], 0.5)
+                except (OSError, ValueError):
+                    self.stop_event.wait(self.kmsg_poll_s)
+            else:
+                # Regular files have no readiness notification; poll them briefly.
+                self.stop_event.wait(self.kmsg_poll_s)
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.open_kmsg()
+        if self._kmsg_source is not None:
+            self._kmsg_thread = threading.Thread(target=self._kmsg_loop, name="kmsg",
+                                                 daemon=True)
+            self._kmsg_thread.start()
 
     def run(self) -> None:
+        self.start()
         while not self.stop_event.is_set():
-            self.step()
-            self.ctx.clock.wait(self.stop_event, self.tick_s)
+            try:
+                self.tick()
+            except Exception as exc:  # noqa: BLE001 - the scheduler must survive anything
+                log.error("scheduler error: %s", exc, exc_info=True)
+            self.stop_event.wait(self.tick_s)
+        self.shutdown()
+
+    def health(self) -> tuple[bool, str]:
+        now = time.monotonic()
+        if now - self.stats.last_tick_monotonic > max(30.0, 50 * self.tick_s):
+            return False, "scheduler stalled"
+        if self._kmsg_thread is not None and not self._kmsg_thread.is_alive():
+            return False, "kernel-log follower died"
+        return True, "ok"
 
     def stop(self, *_args) -> None:
         self.stop_event.set()
 
+    def shutdown(self) -> None:
+        self.stop_event.set()
+        if self._kmsg_thread is not None:
+            self._kmsg_thread.join(timeout=2)
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        if self._kmsg_source is not None:
+            try:
+                self._kmsg_source.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def build_registry(daemon: Daemon, store, check_classes, clock):
+    from prometheus_client import CollectorRegistry
+
+    from gpu_monitor.metrics import StoreCollector
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StoreCollector(store, check_classes, stats=daemon.stats.snapshot,
+                                     now=clock.now))
+    return registry
+
 
 def run_daemon(env, args) -> int:
-    from gpu_monitor.cli import _select_checks, emit
+    from gpu_monitor.cli import UsageError, _select_checks, emit
+    from gpu_monitor.exporter import Exporter
 
     checks = _select_checks(env, kinds={Kind.PASSIVE})
     ctx = env.context(force=getattr(args, "force", False), one_shot=bool(args.once))
@@ -78,14 +333,27 @@ def run_daemon(env, args) -> int:
     if args.once:
         started = env.clock.now()
         outcomes = daemon.run_once()
+        daemon.shutdown()
         report = Report(node=env.node, profile=env.profile.name, started_at=started,
                         finished_at=env.clock.now(),
                         results=tuple(r for o in outcomes for r in o.results))
         emit(report, args.output)
         return report.exit_code
+    listen = args.listen or env.config.daemon.listen
+    registry = build_registry(daemon, env.store, [type(c) for c in checks], env.clock)
+    exporter = Exporter(registry, daemon.health, ready=daemon.replayed.is_set)
+    try:
+        exporter.start(listen)
+    except (OSError, ValueError) as exc:
+        daemon.shutdown()
+        raise UsageError(f"cannot listen on {listen}: {exc}") from None
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, daemon.stop)
-    log.info("gpu-monitor daemon started on %s with %d passive checks", env.node, len(checks))
-    daemon.run()
+    log.info("gpu-monitor daemon started on %s (%s) with %d passive checks",
+             env.node, env.host.description, len(checks))
+    try:
+        daemon.run()
+    finally:
+        exporter.stop()
     log.info("gpu-monitor daemon stopped")
     return 0

@@ -100,17 +100,18 @@ def run_check(check: Check, ctx: Context, method: str = "run", record: object = 
               timeout: float | None = None) -> RunOutcome:
     """Run ``check.<method>(ctx)`` with the requirement gate, timeout and crash capture."""
     started = ctx.clock.now()
-    t0 = time.monotonic()
+    clock = ctx.clock
+    t0 = clock.monotonic()
     unmet = ctx.host.unmet(check.requires, ctx, invasive=check.invasive)
     if unmet:
         res = _framework_result(check, ctx, Status.SKIPPED, "RequirementMissing", unmet,
                                 {"requires": sorted(check.requires)})
-        return RunOutcome(check.name, (res,), started, time.monotonic() - t0, True)
+        return RunOutcome(check.name, (res,), started, clock.monotonic() - t0, True)
 
     if check.invasive:
         gate = _invasive_gate(check, ctx)
         if gate:
-            return RunOutcome(check.name, gate, started, time.monotonic() - t0, True)
+            return RunOutcome(check.name, gate, started, clock.monotonic() - t0, True)
 
     limit = check.timeout if timeout is None else timeout
     box: dict[str, object] = {}
@@ -126,7 +127,7 @@ def run_check(check: Check, ctx: Context, method: str = "run", record: object = 
     thread = threading.Thread(target=target, name=f"check-{check.name}", daemon=True)
     thread.start()
     thread.join(limit if limit and limit > 0 else None)
-    duration = time.monotonic() - t0
+    duration = clock.monotonic() - t0
     if thread.is_alive():
         res = _framework_result(
             check, ctx, Status.UNKNOWN, "Timeout",
