@@ -1,0 +1,228 @@
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from gpu_monitor.check import Check, Context
+from gpu_monitor.clock import FakeClock
+from gpu_monitor.config import DEFAULT_CONFIG
+from gpu_monitor.daemon import Daemon, build_registry
+from gpu_monitor.exporter import Exporter, parse_listen
+from gpu_monitor.model import Kind, Status
+from gpu_monitor.profiles import load_profile
+from gpu_monitor.sim.node import SimulatedNode
+from gpu_monitor.state import Store
+
+
+class KmsgCounter(Check):
+    """Counts NVRM lines; stands in for the kernel-log checks."""
+
+    name = "kmsg_counter"
+    kinds = frozenset({Kind.PASSIVE})
+    reasons = ("Seen",)
+
+    def __init__(self):
+        self.seen = []
+
+    def on_kmsg(self, record, ctx):
+        if "NVRM" in record.message:
+            self.seen.append(record.seq)
+            return [self.result(ctx, Status.DEGRADED, "node", "Seen", record.message)]
+        return []
+
+
+class Slow(Check):
+    name = "slow_check"
+    kinds = frozenset({Kind.PASSIVE})
+    interval = 1.0
+    timeout = 10.0
+
+    def __init__(self):
+        self.release = threading.Event()
+        self.runs = 0
+
+    def poll(self, ctx):
+        self.runs += 1
+        self.release.wait(5)
+        return [self.ok(ctx)]
+
+
+class Fast(Check):
+    name = "fast_check"
+    kinds = frozenset({Kind.PASSIVE})
+    interval = 1.0
+
+    def __init__(self):
+        self.runs = 0
+
+    def poll(self, ctx):
+        self.runs += 1
+        return [self.ok(ctx)]
+
+
+@pytest.fixture
+def sim_env(tmp_path):
+    nodes = []
+
+    def make(store_path=None, clock=None):
+        node = SimulatedNode(load_profile("h100-sxm-8"))
+        nodes.append(node)
+        clock = clock or FakeClock()
+        store = Store.open(str(store_path or tmp_path / "state.db"), clock=clock)
+        ctx = Context(host=node.host(), profile=load_profile("h100-sxm-8").for_simulation(),
+                      config=DEFAULT_CONFIG, clock=clock, store=store, one_shot=False)
+        return node, ctx
+
+    yield make
+    for n in nodes:
+        n.close()
+
+
+def append_kmsg(path, seq, msg, pri=4):
+    with open(path, "a") as fh:
+        fh.write(f"{pri},{seq},{seq * 1000},-;{msg}\n")
+
+
+def test_restart_neither_double_counts_nor_misses_kmsg_records(sim_env, tmp_path):
+    node, ctx = sim_env()
+    path = ctx.host.paths.kmsg_path
+    for seq in (10, 11, 12):
+        append_kmsg(path, seq, f"NVRM: Xid (PCI:0000:53:00): 79, pid=1, name=x, line {seq}")
+    check = KmsgCounter()
+    d = Daemon([check], ctx)
+    d.open_kmsg()
+    assert check.seen == [10, 11, 12]
+    d.shutdown()
+    # A second daemon on the same store and boot replays the buffer: only new records count.
+    append_kmsg(path, 13, "NVRM: Xid (PCI:0000:53:00): 79, pid=1, name=x, line 13")
+    check2 = KmsgCounter()
+    d2 = Daemon([check2], ctx)
+    d2.open_kmsg()
+    assert check2.seen == [13]
+    assert d2.stats.kmsg_skipped_replay == 3
+    d2.shutdown()
+
+
+def test_new_boot_id_replays_everything(sim_env):
+    node, ctx = sim_env()
+    path = ctx.host.paths.kmsg_path
+    append_kmsg(path, 5, "NVRM: something")
+    d = Daemon([KmsgCounter()], ctx)
+    d.open_kmsg()
+    d.shutdown()
+    node.spec.boot_id = "00000000-0000-4000-8000-000000000001"
+    node.advance(0.1)
+    check = KmsgCounter()
+    d2 = Daemon([check], ctx)
+    d2.open_kmsg()
+    assert check.seen == [5]
+    d2.shutdown()
+
+
+def test_follower_dispatches_appended_record_quickly(sim_env):
+    node, ctx = sim_env()
+    check = KmsgCounter()
+    d = Daemon([check], ctx, kmsg_poll_s=0.005)
+    d.start()
+    try:
+        append_kmsg(ctx.host.paths.kmsg_path, 99, "NVRM: Xid (PCI:0000:53:00): 48, pid=1")
+        deadline = time.monotonic() + 5
+        while not check.seen and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert check.seen == [99]
+        latest = {r.check: r for r in ctx.store.latest_results()}
+        assert latest["kmsg_counter"].reason == "Seen"
+    finally:
+        d.shutdown()
+
+
+def test_malformed_lines_are_counted_not_fatal(sim_env):
+    node, ctx = sim_env()
+    with open(ctx.host.paths.kmsg_path, "ab") as fh:
+        fh.write(b"\x00\x01garbage\xff\n" + b"x" * 70000 + b"\n")
+    append_kmsg(ctx.host.paths.kmsg_path, 7, "NVRM: after the garbage")
+    check = KmsgCounter()
+    d = Daemon([check], ctx)
+    d.open_kmsg()
+    assert d.stats.kmsg_parse_errors >= 2
+    assert check.seen == [7]
+    d.shutdown()
+
+
+def test_missing_kernel_log_reports_unknown_and_keeps_running(sim_env, tmp_path):
+    import dataclasses
+
+    node, ctx = sim_env()
+    ctx.host.paths = dataclasses.replace(ctx.host.paths, kmsg=str(tmp_path / "absent" / "kmsg"))
+    d = Daemon([KmsgCounter(), Fast()], ctx)
+    d.open_kmsg()
+    latest = {r.check: r for r in ctx.store.latest_results()}
+    assert latest["kmsg_counter"].status is Status.UNKNOWN
+    assert latest["kmsg_counter"].reason == "KmsgUnavailable"
+    assert d.replayed.is_set()
+    assert d.tick(wait=True)[0].check == "fast_check"
+    d.shutdown()
+
+
+def test_slow_check_does_not_starve_fast_one_and_never_runs_twice(sim_env):
+    _, ctx = sim_env()
+    clock = ctx.clock
+    slow, fast = Slow(), Fast()
+    d = Daemon([slow, fast], ctx)
+    try:
+        d.tick()
+        for _ in range(5):
+            clock.advance(1.0)
+            d.tick()
+            time.sleep(0.05)
+        assert slow.runs == 1  # still in flight: not started again
+        assert fast.runs >= 5
+    finally:
+        slow.release.set()
+        d.shutdown()
+
+
+def test_intervals_follow_the_injected_clock(sim_env):
+    _, ctx = sim_env()
+    fast = Fast()
+    d = Daemon([fast], ctx)
+    d.tick(wait=True)
+    d.tick(wait=True)  # not due yet: the fake clock has not moved
+    assert fast.runs == 1
+    ctx.clock.advance(600)  # ten minutes, instantly
+    d.tick(wait=True)
+    assert fast.runs == 2
+    d.shutdown()
+
+
+def test_exporter_serves_metrics_health_and_404(sim_env):
+    _, ctx = sim_env()
+    fast = Fast()
+    d = Daemon([fast], ctx)
+    d.tick(wait=True)
+    exp = Exporter(build_registry(d, ctx.store, [Fast], ctx.clock), d.health,
+                   ready=lambda: True)
+    host, port = exp.start("127.0.0.1:0")
+    try:
+        body = urllib.request.urlopen(f"http://{host}:{port}/metrics").read().decode()
+        assert 'gpu_monitor_check_success{check="fast_check"} 1.0' in body
+        assert urllib.request.urlopen(f"http://{host}:{port}/healthz").status == 200
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"http://{host}:{port}/nope")
+        assert err.value.code == 404
+    finally:
+        exp.stop()
+        d.shutdown()
+
+
+@pytest.mark.parametrize("text, want", [("0.0.0.0:9425", ("0.0.0.0", 9425)),
+                                        (":9425", ("0.0.0.0", 9425)),
+                                        ("[::1]:80", ("::1", 80))])
+def test_parse_listen(text, want):
+    assert parse_listen(text) == want
+
+
+def test_parse_listen_rejects_garbage():
+    with pytest.raises(ValueError):
+        parse_listen("localhost")
