@@ -46,7 +46,10 @@ MERGE_KEYS: dict[tuple[str, ...], str] = {
     ("spec", "podCIDRs"): SCALAR_SET,  # Node
     **{("spec", *k): v for k, v in _POD_SPEC_KEYS.items()},  # Pod
     **{("spec", "template", "spec", *k): v for k, v in _POD_SPEC_KEYS.items()},  # workloads
-    **{("spec", "jobTemplate", "spec", "template", "spec", *k): v for k, v in _POD_SPEC_KEYS.items()},
+    **{
+        ("spec", "jobTemplate", "spec", "template", "spec", *k): v
+        for k, v in _POD_SPEC_KEYS.items()
+    },
 }
 
 
@@ -78,7 +81,7 @@ def json_equal(a: Any, b: Any) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(json_equal(a[k], b[k]) for k in a)
     if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):
         return a == b
     return type(a) is type(b) and a == b
@@ -106,7 +109,9 @@ def _get(doc: Any, parts: list[str]) -> Any:
 def _container(doc: Any, parts: list[str], op: str, path: str) -> tuple[Any, str]:
     parent = _get(doc, parts[:-1])
     if parent is _MISSING or not isinstance(parent, (dict, list)):
-        raise PatchError(f'{op} operation does not apply: doc is missing path: "{path}": missing value')
+        raise PatchError(
+            f'{op} operation does not apply: doc is missing path: "{path}": missing value'
+        )
     return parent, parts[-1]
 
 
@@ -140,7 +145,9 @@ def _remove(doc: Any, path: str, op: str = "remove") -> tuple[Any, Any]:
     parent, key = _container(doc, parts, op, path)
     if isinstance(parent, dict):
         if key not in parent:
-            raise PatchError(f'{op} operation does not apply: doc is missing path: "{path}": missing value')
+            raise PatchError(
+                f'{op} operation does not apply: doc is missing path: "{path}": missing value'
+            )
         return doc, parent.pop(key)
     return doc, parent.pop(_index(parent, key, path, allow_end=False))
 
@@ -182,7 +189,9 @@ def apply_json_patch(doc: dict, ops: Any) -> dict:
         elif kind == "copy":
             value = _get(out, _pointer(op.get("from")))
             if value is _MISSING:
-                raise PatchError(f'copy operation does not apply: doc is missing from path: {op.get("from")}')
+                raise PatchError(
+                    f"copy operation does not apply: doc is missing from path: {op.get('from')}"
+                )
             out = _add(out, path, copy.deepcopy(value))
         elif kind == "test":
             got = _get(out, _pointer(path))
@@ -235,7 +244,9 @@ def _merge_keyed_list(orig: list, patch: list, key: str, path: tuple[str, ...]) 
     for item in patch:
         if not isinstance(item, dict) or key not in item:
             raise PatchError(f"map: {item} does not contain declared merge key: {key}")
-        idx = next((i for i, o in enumerate(out) if isinstance(o, dict) and o.get(key) == item[key]), None)
+        idx = next(
+            (i for i, o in enumerate(out) if isinstance(o, dict) and o.get(key) == item[key]), None
+        )
         if item.get("$patch") == "delete":
             if idx is not None:
                 out.pop(idx)
@@ -266,7 +277,10 @@ def _reorder(items: list, order: list, key: str | None) -> list:
     wanted = [ident(o) for o in order]
     ranked = sorted(
         range(len(items)),
-        key=lambda i: (wanted.index(ident(items[i])) if ident(items[i]) in wanted else len(wanted), i),
+        key=lambda i: (
+            wanted.index(ident(items[i])) if ident(items[i]) in wanted else len(wanted),
+            i,
+        ),
     )
     return [items[i] for i in ranked]
 
