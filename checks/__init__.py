@@ -6,9 +6,13 @@ loads none of torch, pynvml or kubernetes; checks import heavy modules lazily.
 """
 
 from checks.inventory import Inventory
+from checks.pcie_aer import PcieAer
+from checks.rdma_ports import RdmaPorts
 
 ALL_CHECKS = (
     Inventory,
+    PcieAer,
+    RdmaPorts,
 )
 
 __all__ = ["ALL_CHECKS"]

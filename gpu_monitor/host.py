@@ -131,12 +131,12 @@ class Host:
               invasive: bool = False) -> str:
         """Why the requirements are not met (empty string when they all are)."""
         for req in sorted(requires):
-            why = self._unmet_one(req)
+            why = self._unmet_one(req, ctx)
             if why:
                 return why
         return ""
 
-    def _unmet_one(self, req: str) -> str:
+    def _unmet_one(self, req: str, ctx: Context | None = None) -> str:
         if req == "nvml":
             if not self.nvml.available():
                 return f"NVML unavailable: {self.nvml.unavailable_reason()}"
@@ -161,7 +161,16 @@ class Host:
             if self.runner.which("ib_write_bw") is None:
                 return "perftest not installed (ib_write_bw not found on PATH)"
         elif req == "infiniband":
-            if not self.sysfs.infiniband_ports():
+            # Cheap (runs before every 1 s poll): a directory listing, not a full port read.
+            # A profile that expects ports keeps the check running, so vanished HCAs are
+            # reported as missing ports instead of a skipped check.
+            if ctx is not None and ctx.profile.get("rdma.ports"):
+                return ""
+            try:
+                present = bool(os.listdir(self.paths.sys("class", "infiniband")))
+            except OSError:
+                present = False
+            if not present:
                 return "no RDMA device (nothing under class/infiniband)"
         elif req == "kmsg":
             if not os.path.exists(self.paths.kmsg_path):

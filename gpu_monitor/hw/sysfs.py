@@ -235,17 +235,22 @@ def pcie_gen(gts: float | None) -> int | None:
 
 
 def parse_aer(text: str) -> AerCounters:
-    """``RxErr 0`` ... ``TOTAL_ERR_COR 2`` (one ``name count`` per line) -> AerCounters."""
+    """``RxErr 0`` ... ``TOTAL_ERR_COR 2`` (one ``name count`` per line) -> AerCounters.
+
+    Kernels before 5.x printed multi-word names (``Receiver Error 2``, as in the kernel's own
+    ABI document); the count is always the last token, the name everything before it.
+    """
     counters: dict[str, int] = {}
     total: int | None = None
     for line in text.splitlines():
         line = line.strip()
         if not line:
             continue
-        parts = line.split()
-        if len(parts) != 2 or not parts[1].isdigit():
+        head, _, count = line.rpartition(" ")
+        name = "_".join(head.split())
+        if not name or not count.isdigit():
             raise ValueError(f"not an AER counter line: {line!r}")
-        name, value = parts[0], int(parts[1])
+        value = int(count)
         if name.startswith("TOTAL_"):
             total = value
         else:

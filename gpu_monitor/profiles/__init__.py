@@ -482,6 +482,7 @@ CHECK_SETTINGS: dict[str, dict[str, Spec]] = {
     "rdma_ports": {
         "window_s": _POS,
         "downtime_budget_s": _POS,
+        "downtime_warning_fraction": Num(0, 1, lo_open=True),
         "nccl_ib_timeout": Int(1, 31),
         "nccl_ib_retry_cnt": Int(0, 7),
     },

@@ -1,0 +1,553 @@
+"""rdma_ports: how long each RDMA port was down in a sliding window, judged against NCCL.
+
+A training job does not care how often a port flapped; it cares whether the port was gone long
+enough for NCCL to give up. NCCL's InfiniBand transport retries a lost packet
+``NCCL_IB_RETRY_CNT`` times with a verbs timeout of 4.096 µs × 2^``NCCL_IB_TIMEOUT`` each (the
+defaults 7 and 18 give ≈ 7.5 s); a port down for longer has killed any job using it. So the
+check records every down interval in the state store (persisted: a restart mid-outage continues
+the same interval) and judges, per port:
+
+- one interval longer than the NCCL tolerance → ``failed`` ``PortDownExceededNcclTimeout``
+  ("would have killed an NCCL job"), until that interval leaves the window;
+- cumulative downtime in the window (default 600 s) above the budget (default 30 s) → ``failed``
+  ``PortDowntimeExceeded``; above ``downtime_warning_fraction`` (default 0.5) of it →
+  ``degraded`` ``PortDowntimeHigh``;
+- down right now, still under the tolerance → ``degraded`` ``PortDown``;
+- an expected port (profile ``rdma.ports``) absent → ``failed`` ``PortMissing``; a port up at
+  a rate below ``rdma.rate_gbit_per_s`` → ``degraded`` ``PortRateDegraded``.
+
+A flap shorter than the poll period is invisible in ``state`` but increments the port's
+``link_downed`` counter; an increase not matched by a down transition we saw is recorded as an
+outage of its own, credited with the time since the previous poll (at most one poll period: the
+longest it can have lasted). A counter that goes backwards (driver reload, reboot, reset by
+``perfquery -R``) rebases silently. docs/checks-notes/rdma_ports.md explains every number.
+
+Cost: the daemon polls every second, so steady-state polls read four small files per port
+(state, phys_state, rate, counters/link_downed) and write nothing to the store; the full
+``SysfsReader.infiniband_ports()`` walk (every counter file) runs only to discover ports (every
+60 s, or when a port vanishes) and when a fast read meets anything unusual, so its error
+reporting stays the one source of ``SysfsReadError`` values.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from typing import Any
+
+from gpu_monitor.check import Check, ClearTracker, Context
+from gpu_monitor.hw.sysfs import IbPort, parse_counter, parse_ib_rate, parse_ib_state
+from gpu_monitor.model import Action, Kind, Result, Status, ib_target
+
+log = logging.getLogger(__name__)
+
+VERBS_TIMEOUT_UNIT_S = 4.096e-6  # IBTA local ACK timeout unit: 4.096 µs × 2^timeout
+LINK_DOWNED_MAX = 255  # LinkDownedCounter is an 8-bit PMA counter that saturates
+KV_NAMESPACE = "rdma_ports"
+REDISCOVER_S = 60.0  # full sysfs walk at most this often in steady state
+MISSING_REDISCOVER_S = 10.0  # ... and this often while an expected port is missing
+WATCH_MARK_S = 60.0  # how often the daemon refreshes its "I was watching" marker
+LINK_DOWNED_FILE = os.path.join("counters", "link_downed")
+
+PortKey = tuple[str, int]
+
+
+def nccl_tolerance_s(ib_timeout: int, retry_cnt: int) -> float:
+    """Seconds an RDMA outage may last before NCCL fails: 4.096 µs × 2^t × retries.
+
+    A retry count of 0 still waits one timeout, so the factor is at least 1.
+    """
+    return VERBS_TIMEOUT_UNIT_S * (2 ** int(ib_timeout)) * max(1, int(retry_cnt))
+
+
+def port_is_down(port: IbPort) -> bool:
+    """Down = not ACTIVE or not LinkUp (INIT/ARMED wait for the subnet manager: no traffic)."""
+    return port.state != "ACTIVE" or port.phys_state != "LinkUp"
+
+
+def window_stats(intervals: Iterable[Sequence[Any]], window_start: float,
+                 now: float) -> tuple[float, float, int]:
+    """(downtime inside the window, longest interval touching it, how many touch it).
+
+    Intervals are ``(start, end)`` in epoch seconds, ``end`` None while open (runs to ``now``).
+    The longest is measured whole, not clipped: NCCL felt all of it.
+    """
+    downtime = longest = 0.0
+    count = 0
+    for start, end in intervals:
+        stop = now if end is None else end
+        if end is not None and stop <= window_start:
+            continue  # ended before the window: drained
+        count += 1
+        longest = max(longest, stop - start)
+        downtime += max(0.0, min(stop, now) - max(start, window_start))
+    return downtime, longest, count
+
+
+def _epoch(ts: datetime) -> float:
+    return ts.timestamp()
+
+
+def _dt(epoch: float) -> datetime:
+    return datetime.fromtimestamp(epoch, tz=timezone.utc)
+
+
+@dataclass(frozen=True)
+class Settings:
+    window_s: float
+    budget_s: float
+    warning_fraction: float
+    ib_timeout: int
+    retry_cnt: int
+    interval_s: float
+    boot_grace_s: float
+    expected: tuple[PortKey, ...]
+    rate_gbit: float | None
+
+    @property
+    def tolerance_s(self) -> float:
+        return nccl_tolerance_s(self.ib_timeout, self.retry_cnt)
+
+    @property
+    def warning_s(self) -> float:
+        return self.budget_s * self.warning_fraction
+
+    @classmethod
+    def from_ctx(cls, ctx: Context, name: str, interval: float) -> Settings:
+        expected: list[PortKey] = []
+        for item in ctx.profile.get("rdma.ports") or ():
+            dev, _, port = str(item).rpartition(":")
+            expected.append((dev, int(port)))
+        rate = ctx.profile.get("rdma.rate_gbit_per_s")
+        return cls(
+            window_s=float(ctx.setting(name, "window_s", 600)),
+            budget_s=float(ctx.setting(name, "downtime_budget_s", 30)),
+            warning_fraction=float(ctx.setting(name, "downtime_warning_fraction", 0.5)),
+            ib_timeout=int(ctx.setting(name, "nccl_ib_timeout", 18)),
+            retry_cnt=int(ctx.setting(name, "nccl_ib_retry_cnt", 7)),
+            interval_s=float(ctx.setting(name, "interval_s", interval) or interval),
+            boot_grace_s=float(ctx.setting(name, "boot_grace_s", 300)),
+            expected=tuple(expected),
+            rate_gbit=None if rate is None else float(rate),
+        )
+
+
+@dataclass
+class Track:
+    """What the check remembers about one port (times in epoch seconds)."""
+
+    intervals: list[list[float | None]] = field(default_factory=list)  # [start, end|None]
+    link_downed: int | None = None
+    owed: int = 0  # down transitions seen whose link_downed increment has not shown yet
+    last_poll: float | None = None
+    last_down_seen: float | None = None
+    flaps: list[float] = field(default_factory=list)  # unseen flaps (link_downed only)
+    stored_boot: str | None = None
+    resumed: bool = False  # the open interval came from the store: check it on first sight
+
+    def open_start(self) -> float | None:
+        if self.intervals and self.intervals[-1][1] is None:
+            return self.intervals[-1][0]
+        return None
+
+
+class _Recorder:
+    """Store writes that never break a poll; disabled for one-shot runs (read-only)."""
+
+    def __init__(self, ctx: Context, enabled: bool):
+        self.store = ctx.store if enabled else None
+
+    def _call(self, what: str, fn: Any, *args: Any) -> None:
+        if self.store is None:
+            return
+        try:
+            fn(*args)
+        except Exception as exc:  # noqa: BLE001 - history is best effort, the poll goes on
+            log.warning("rdma_ports: cannot %s in the state store: %s", what, exc)
+
+    def start(self, key: PortKey, at: float) -> None:
+        if self.store is not None:
+            self._call("open an outage", self.store.port_down_start, key[0], key[1], _dt(at))
+
+    def end(self, key: PortKey, at: float) -> None:
+        if self.store is not None:
+            self._call("close an outage", self.store.port_down_end, key[0], key[1], _dt(at))
+
+    def kv(self, key: str, value: Any) -> None:
+        if self.store is not None:
+            self._call("save state", self.store.set_kv, KV_NAMESPACE, key, value)
+
+
+def _read_text(path: str) -> str:
+    with open(path, "rb") as f:
+        return f.read(4096).decode("ascii")
+
+
+def _fast_read(base: IbPort, path: str) -> IbPort:
+    """The four files a poll needs; raises on anything unusual (the caller falls back)."""
+    state, state_code = parse_ib_state(_read_text(os.path.join(path, "state")))
+    phys, phys_code = parse_ib_state(_read_text(os.path.join(path, "phys_state")))
+    rate_text = _read_text(os.path.join(path, "rate")).strip()
+    try:
+        downed = parse_counter(_read_text(os.path.join(path, LINK_DOWNED_FILE)))
+    except FileNotFoundError:
+        downed = None
+    return replace(base, state=state, state_code=state_code, phys_state=phys,
+                   phys_state_code=phys_code, rate_gbit=parse_ib_rate(rate_text),
+                   rate_text=rate_text,
+                   counters={} if downed is None else {"link_downed": downed}, errors=())
+
+
+class PortReader:
+    """Discovery through ``SysfsReader``; steady-state polls through ``_fast_read``."""
+
+    def __init__(self) -> None:
+        self._known: dict[PortKey, tuple[IbPort, str]] = {}
+        self._discovered_at: float | None = None
+
+    def _discover(self, ctx: Context, now: float) -> dict[PortKey, IbPort]:
+        ports = ctx.host.sysfs.infiniband_ports()
+        self._known = {
+            (p.device, p.port): (p, ctx.host.paths.sys("class", "infiniband", p.device, "ports",
+                                                        str(p.port)))
+            for p in ports
+        }
+        self._discovered_at = now
+        return {(p.device, p.port): p for p in ports}
+
+    def read(self, ctx: Context, now: float, expected: Sequence[PortKey]) -> dict[PortKey, IbPort]:
+        age = None if self._discovered_at is None else now - self._discovered_at
+        if (age is None or age >= REDISCOVER_S or age < 0
+                or (age >= MISSING_REDISCOVER_S and any(k not in self._known for k in expected))):
+            return self._discover(ctx, now)
+        out: dict[PortKey, IbPort] = {}
+        for key, (base, path) in self._known.items():
+            try:
+                out[key] = _fast_read(base, path)
+            except (OSError, ValueError, UnicodeDecodeError):
+                # Vanished, unreadable or junk: the reader says which, with its error values.
+                return self._discover(ctx, now)
+        return out
+
+
+class RdmaPorts(Check):
+    name = "rdma_ports"
+    kinds = frozenset({Kind.PASSIVE, Kind.BOOTSTRAP})
+    summary = "RDMA port downtime in a sliding window vs a budget and NCCL's IB timeout"
+    requires = frozenset({"infiniband"})
+    interval = 1.0
+    timeout = 60.0
+    reasons = (
+        "PortDown",
+        "PortDownExceededNcclTimeout",
+        "PortDowntimeExceeded",
+        "PortDowntimeHigh",
+        "PortMissing",
+        "PortRateDegraded",
+        "PortNotExpected",
+        "SysfsReadError",
+        "BootGrace",
+    )
+
+    def __init__(self) -> None:
+        self._reader = PortReader()
+        self._tracks: dict[PortKey, Track] = {}
+        self._clear = ClearTracker(self.name)
+        self._boot_id: str | None = None
+        self._boot_known = False
+        self._grace_over = False
+        self._watch_marked: float | None = None
+        self._watch_since: float | None = None
+        self._settings_key: tuple[int, int] | None = None
+        self._settings_cache: Settings | None = None
+
+    # --- entry points ------------------------------------------------------------------
+
+    def _settings(self, ctx: Context) -> Settings:
+        """Settings change only with the config or profile object: read them once per pair."""
+        key = (id(ctx.config), id(ctx.profile))
+        if self._settings_key != key or self._settings_cache is None:
+            self._settings_cache = Settings.from_ctx(ctx, self.name, self.interval)
+            self._settings_key = key
+        return self._settings_cache
+
+    def poll(self, ctx: Context) -> Sequence[Result]:
+        s = self._settings(ctx)
+        if ctx.one_shot:
+            return self._one_shot(ctx, s)
+        now = _epoch(ctx.clock.now())
+        ports = self._reader.read(ctx, now, s.expected)
+        in_grace = self._in_grace(ctx, s)
+        rec = _Recorder(ctx, enabled=True)
+        self._mark_watch(ctx, rec, now)
+        results = self._evaluate(ctx, s, ports, self._tracks, rec, now, in_grace,
+                                 {"window": "history"})
+        return self._clear.track(ctx, results)
+
+    def _one_shot(self, ctx: Context, s: Settings) -> list[Result]:
+        """Judge with the daemon's history when it watched this window, else what we see.
+
+        Nothing is written. A port down now is watched (sleeping on the context's clock) until
+        it is back or has been down longer than NCCL tolerates, so a provisioning run fails a
+        dead port without calling a passing blip a failure.
+        """
+        now = _epoch(ctx.clock.now())
+        history = self._history_present(ctx, s, now)
+        tracks: dict[PortKey, Track] = {}
+        rec = _Recorder(ctx, enabled=False)
+        reader = PortReader()
+        in_grace = self._in_grace(ctx, s)
+        extra: dict[str, Any] = {"window": "history" if history else "instantaneous"}
+        cap = min(s.tolerance_s + 2 * s.interval_s, 0.6 * self.timeout)
+        started = now
+        while True:
+            ports = reader.read(ctx, now, s.expected)
+            self._observe_all(ctx, s, ports, tracks, rec, now, in_grace, load=history)
+            waiting = [k for k, t in tracks.items()
+                       if (start := t.open_start()) is not None and now - start <= s.tolerance_s]
+            if in_grace or not waiting or now - started + s.interval_s > cap:
+                break
+            ctx.clock.sleep(s.interval_s)
+            now = _epoch(ctx.clock.now())
+        extra["observed_s"] = round(now - started, 3)
+        return self._judge_all(ctx, s, ports, tracks, now, in_grace, extra)
+
+    # --- helpers -----------------------------------------------------------------------
+
+    def _in_grace(self, ctx: Context, s: Settings) -> bool:
+        """Links train after boot; uptime only grows, so once past the grace it stays past."""
+        if self._grace_over:
+            return False
+        uptime = ctx.host.procfs.uptime_s()
+        if uptime is None or uptime >= s.boot_grace_s:
+            self._grace_over = True
+            return False
+        return True
+
+    def _boot(self, ctx: Context) -> str | None:
+        if not self._boot_known:
+            self._boot_id = ctx.host.procfs.boot_id()
+            self._boot_known = True
+        return self._boot_id
+
+    def _mark_watch(self, ctx: Context, rec: _Recorder, now: float) -> None:
+        if self._watch_since is None:
+            self._watch_since = now
+        if self._watch_marked is None or now - self._watch_marked >= WATCH_MARK_S:
+            rec.kv("watch", {"since": self._watch_since, "last_poll": now,
+                             "boot_id": self._boot(ctx)})
+            self._watch_marked = now
+
+    def _history_present(self, ctx: Context, s: Settings, now: float) -> bool:
+        if ctx.store is None:
+            return False
+        try:
+            mark = ctx.store.get_kv(KV_NAMESPACE, "watch")
+        except Exception:  # noqa: BLE001
+            return False
+        if not isinstance(mark, Mapping) or not isinstance(mark.get("last_poll"), (int, float)):
+            return False
+        return 0 <= now - float(mark["last_poll"]) <= s.window_s
+
+    def _load(self, ctx: Context, key: PortKey, s: Settings, now: float) -> Track:
+        tr = Track()
+        if ctx.store is None:
+            return tr
+        try:
+            rows = ctx.store.port_intervals(key[0], key[1], since=_dt(now - s.window_s))
+            saved = ctx.store.get_kv(KV_NAMESPACE, f"port:{key[0]}:{key[1]}") or {}
+        except Exception as exc:  # noqa: BLE001 - start without history rather than not at all
+            log.warning("rdma_ports: cannot load history of %s:%s: %s", key[0], key[1], exc)
+            return tr
+        tr.intervals = [[_epoch(a), None if b is None else _epoch(b)] for a, b in rows]
+        tr.stored_boot = saved.get("boot_id")
+        if tr.stored_boot is None or tr.stored_boot == self._boot(ctx):
+            downed = saved.get("link_downed")
+            tr.link_downed = downed if isinstance(downed, int) else None
+        seen = saved.get("last_down_seen")
+        tr.last_down_seen = float(seen) if isinstance(seen, (int, float)) else None
+        tr.resumed = tr.open_start() is not None
+        return tr
+
+    def _close_at(self, tr: Track, now: float, s: Settings) -> float:
+        """When an outage ended: now, unless we were not looking (restart, stalled daemon);
+        then the last time we saw it down plus one poll period, the most we can vouch for."""
+        last = tr.last_down_seen if tr.last_down_seen is not None else tr.open_start() or now
+        if now - last <= max(3 * s.interval_s, 10.0):
+            return now
+        return min(now, last + s.interval_s)
+
+    def _observe(self, ctx: Context, key: PortKey, port: IbPort, tr: Track, rec: _Recorder,
+                 now: float, s: Settings) -> None:
+        down = port_is_down(port)
+        downed = port.counter("link_downed")
+        delta = 0
+        if downed is not None and tr.link_downed is not None and downed >= tr.link_downed:
+            delta = downed - tr.link_downed  # else: first sight or reset -> rebase, no alarm
+        if tr.resumed:
+            tr.resumed = False
+            same_boot = tr.stored_boot is None or tr.stored_boot == self._boot(ctx)
+            if not (down and same_boot and delta == 0):
+                # The outage we were tracking ended (or a reboot / new flap cut it short).
+                end = self._close_at(tr, now, s)
+                tr.intervals[-1][1] = end
+                rec.end(key, end)
+        open_start = tr.open_start()
+        if down and open_start is None:
+            tr.owed += 1
+        matched = min(delta, tr.owed)
+        tr.owed -= matched
+        unseen = delta - matched
+        if unseen > 0:
+            tr.flaps.extend([now] * unseen)
+            if open_start is None:
+                credit = s.interval_s if tr.last_poll is None else min(
+                    s.interval_s, max(0.0, now - tr.last_poll))
+                tr.intervals.append([now - credit, now])
+                rec.start(key, now - credit)
+                rec.end(key, now)
+        was_down = open_start is not None
+        if down:
+            if open_start is None:
+                tr.intervals.append([now, None])
+                rec.start(key, now)
+            tr.last_down_seen = now
+        else:
+            tr.owed = 0
+            if open_start is not None:
+                end = self._close_at(tr, now, s)
+                tr.intervals[-1][1] = end
+                rec.end(key, end)
+            tr.last_down_seen = None
+        if downed != tr.link_downed or down or was_down:
+            rec.kv(f"port:{key[0]}:{key[1]}", {
+                "link_downed": downed if downed is not None else tr.link_downed,
+                "boot_id": self._boot(ctx), "last_down_seen": tr.last_down_seen})
+        if downed is not None:
+            tr.link_downed = downed
+        tr.last_poll = now
+        horizon = now - s.window_s
+        tr.intervals = [iv for iv in tr.intervals if iv[1] is None or iv[1] >= horizon]
+        tr.flaps = [t for t in tr.flaps if t >= horizon]
+
+    def _judged(self, s: Settings, ports: Mapping[PortKey, IbPort]) -> list[PortKey]:
+        return list(s.expected) if s.expected else sorted(ports)
+
+    def _observe_all(self, ctx: Context, s: Settings, ports: Mapping[PortKey, IbPort],
+                     tracks: dict[PortKey, Track], rec: _Recorder, now: float, in_grace: bool,
+                     load: bool = True) -> None:
+        for key in self._judged(s, ports):
+            port = ports.get(key)
+            if port is None or port.state is None or port.phys_state is None:
+                continue
+            tr = tracks.get(key)
+            if tr is None:
+                tr = tracks[key] = self._load(ctx, key, s, now) if load else Track()
+            if in_grace:
+                # Links train while the node boots: no outage, and no flap owed to it later.
+                tr.link_downed = port.counter("link_downed")
+                continue
+            self._observe(ctx, key, port, tr, rec, now, s)
+
+    def _evaluate(self, ctx: Context, s: Settings, ports: Mapping[PortKey, IbPort],
+                  tracks: dict[PortKey, Track], rec: _Recorder, now: float, in_grace: bool,
+                  extra: Mapping[str, Any]) -> list[Result]:
+        self._observe_all(ctx, s, ports, tracks, rec, now, in_grace)
+        return self._judge_all(ctx, s, ports, tracks, now, in_grace, extra)
+
+    def _judge_all(self, ctx: Context, s: Settings, ports: Mapping[PortKey, IbPort],
+                   tracks: Mapping[PortKey, Track], now: float, in_grace: bool,
+                   extra: Mapping[str, Any]) -> list[Result]:
+        results: list[Result] = []
+        judged = self._judged(s, ports)
+        for key in judged:
+            results.append(self._judge(ctx, s, key, ports.get(key), tracks.get(key), now,
+                                       in_grace, extra))
+        for key in sorted(set(ports) - set(judged)):
+            p = ports[key]
+            results.append(self.result(
+                ctx, Status.SKIPPED, ib_target(*key), "PortNotExpected",
+                f"{key[0]}:{key[1]} is not in the profile's rdma.ports; not judged",
+                {"device": key[0], "port": key[1], "state": p.state, "phys_state": p.phys_state,
+                 "link_layer": p.link_layer, "rate_gbit_per_s": p.rate_gbit}))
+        return results
+
+    def _judge(self, ctx: Context, s: Settings, key: PortKey, port: IbPort | None,
+               tr: Track | None, now: float, in_grace: bool,
+               extra: Mapping[str, Any]) -> Result:
+        target, name = ib_target(*key), f"{key[0]}:{key[1]}"
+        if port is None:
+            status = Status.UNKNOWN if in_grace else Status.FAILED
+            return self.result(
+                ctx, status, target, "BootGrace" if in_grace else "PortMissing",
+                f"expected RDMA port {name} (profile rdma.ports) is not present",
+                {"device": key[0], "port": key[1], "expected_ports": [f"{d}:{p}" for d, p
+                                                                      in s.expected]},
+                Action.NONE if in_grace else Action.REBOOT)
+        details: dict[str, Any] = {
+            "device": key[0], "port": key[1], "state": port.state,
+            "phys_state": port.phys_state, "link_layer": port.link_layer,
+            "rate_gbit_per_s": port.rate_gbit, "expected_rate_gbit_per_s": s.rate_gbit,
+            "pci_address": port.pci_address, **extra,
+        }
+        relevant = [str(e) for e in port.errors if os.path.basename(e.path) in
+                    ("state", "phys_state", "rate", "link_downed")]
+        if relevant:
+            details["read_errors"] = relevant
+        if port.state is None or port.phys_state is None:
+            return self.result(ctx, Status.UNKNOWN, target, "SysfsReadError",
+                               f"cannot read the state of {name}: "
+                               + ("; ".join(relevant) or "state files not exported"), details)
+        down = port_is_down(port)
+        tr = tr or Track()
+        downed = port.counter("link_downed")
+        open_start = tr.open_start()
+        current = 0.0 if open_start is None else now - open_start
+        downtime, longest, outages = window_stats(tr.intervals, now - s.window_s, now)
+        details.update({
+            "downtime_s": round(downtime, 3), "window_s": s.window_s, "budget_s": s.budget_s,
+            "warning_s": round(s.warning_s, 3), "nccl_tolerance_s": round(s.tolerance_s, 3),
+            "nccl_ib_timeout": s.ib_timeout, "nccl_ib_retry_cnt": s.retry_cnt,
+            "longest_outage_s": round(longest, 3), "current_outage_s": round(current, 3),
+            "outages_in_window": outages, "flaps_between_polls": len(tr.flaps),
+            "link_downed": downed, "link_downed_saturated": downed == LINK_DOWNED_MAX,
+        })
+        rate_low = (not down and s.rate_gbit is not None and port.rate_gbit is not None
+                    and port.rate_gbit < s.rate_gbit)
+        now_txt = (f"{name} is {port.state}/{port.phys_state}" if down else f"{name} is up")
+        if in_grace:
+            if down or rate_low:
+                return self.result(ctx, Status.UNKNOWN, target, "BootGrace",
+                                   f"{now_txt} during the boot grace period (links train)",
+                                   details)
+            return self.ok(ctx, target, now_txt, details)
+        if longest > s.tolerance_s:
+            ongoing = down and current >= longest
+            msg = (f"{name} {'has been' if ongoing else 'was'} down for {longest:.1f} s, longer "
+                   f"than NCCL tolerates ({s.tolerance_s:.1f} s = 4.096 µs × 2^{s.ib_timeout} × "
+                   f"{s.retry_cnt}): would have killed an NCCL job; {downtime:.1f} s down in the "
+                   f"last {s.window_s:g} s")
+            action = Action.REPLACE if ongoing and current >= s.window_s else Action.WATCH
+            return self.result(ctx, Status.FAILED, target, "PortDownExceededNcclTimeout", msg,
+                               details, action)
+        summary = (f"{downtime:.1f} s down in the last {s.window_s:g} s over {outages} "
+                   f"outage(s) (budget {s.budget_s:g} s)")
+        if downtime > s.budget_s:
+            return self.result(ctx, Status.FAILED, target, "PortDowntimeExceeded",
+                               f"{now_txt}; {summary}", details, Action.WATCH)
+        if down:
+            return self.result(ctx, Status.DEGRADED, target, "PortDown",
+                               f"{now_txt} for {current:.1f} s (NCCL gives up after "
+                               f"{s.tolerance_s:.1f} s); {summary}", details, Action.WATCH)
+        if downtime > s.warning_s:
+            return self.result(ctx, Status.DEGRADED, target, "PortDowntimeHigh",
+                               f"{summary}, above {s.warning_fraction:g} of the budget",
+                               details, Action.WATCH)
+        if rate_low:
+            return self.result(ctx, Status.DEGRADED, target, "PortRateDegraded",
+                               f"{name} runs at {port.rate_text or port.rate_gbit}, below the "
+                               f"expected {s.rate_gbit:g} Gb/s", details, Action.WATCH)
+        return self.ok(ctx, target, f"{now_txt}; {summary}", details)
