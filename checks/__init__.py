@@ -6,11 +6,15 @@ loads none of torch, pynvml or kubernetes; checks import heavy modules lazily.
 """
 
 from checks.inventory import Inventory
+from checks.nvswitch import NvSwitch
 from checks.pcie_aer import PcieAer
 from checks.rdma_ports import RdmaPorts
+from checks.xid import Xid
 
 ALL_CHECKS = (
     Inventory,
+    Xid,
+    NvSwitch,
     PcieAer,
     RdmaPorts,
 )

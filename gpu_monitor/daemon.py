@@ -90,6 +90,14 @@ class Daemon:
         self._last_prune = None
         self._store_lock = threading.Lock()
 
+    def stats_snapshot(self) -> dict[str, float]:
+        """Daemon counters plus the kernel-log checks' own parse failures (lines that look like
+        an Xid/SXid but cannot be parsed)."""
+        snap = self.stats.snapshot()
+        snap["kmsg_parse_errors"] += sum(int(getattr(c, "parse_errors", 0) or 0)
+                                         for c in self.kmsg_checks)
+        return snap
+
     # --- results ---------------------------------------------------------------------------------
 
     def _store(self, outcome: RunOutcome) -> None:
@@ -311,14 +319,14 @@ class Daemon:
                 pass
 
 
-def build_registry(daemon: Daemon, store, check_classes, clock):
+def build_registry(daemon: Daemon, store, check_classes, clock, extra=()):
     from prometheus_client import CollectorRegistry
 
     from gpu_monitor.metrics import StoreCollector
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(StoreCollector(store, check_classes, stats=daemon.stats.snapshot,
-                                     now=clock.now))
+    registry.register(StoreCollector(store, check_classes, stats=daemon.stats_snapshot,
+                                     now=clock.now, extra=extra))
     return registry
 
 

@@ -469,7 +469,9 @@ CHECK_SETTINGS: dict[str, dict[str, Spec]] = {
         "replace_after_resets": _POS_INT,
         "replay_max_age_s": _POS,
     },
-    "nvswitch": {},
+    "nvswitch": {
+        "nonfatal_window_s": _POS,
+    },
     "throttle": {
         "window_s": _POS,
         "degraded_fraction": Num(0, 1, lo_open=True),

@@ -335,12 +335,19 @@ def _write_proc(lay: _Layout, spec: NodeSpec) -> None:
     _sync_file(p.proc("sys", "kernel", "hostname"), f"{spec.hostname}\n")
     # The second field is idle time summed over CPUs; any plausible value will do.
     _sync_file(p.proc("uptime"), f"{spec.uptime_s:.2f} {spec.uptime_s * 16:.2f}\n")
-    _sync_processes(lay, spec.gpus)
+    _sync_processes(lay, spec.gpus, fabric_manager=bool(spec.nvswitches)
+                    and spec.fabric_manager_running)
 
 
-def _sync_processes(lay: _Layout, gpus: Iterable[GpuSpec]) -> None:
-    """proc/<pid>/ for every process a GPU lists, with an fd link per GPU it holds."""
+FABRIC_MANAGER_PID = 2101
+
+
+def _sync_processes(lay: _Layout, gpus: Iterable[GpuSpec], fabric_manager: bool = False) -> None:
+    """proc/<pid>/ for every process a GPU lists, with an fd link per GPU it holds, and the
+    NVSwitch Fabric Manager daemon on NVSwitch systems while it runs."""
     wanted: dict[int, tuple[str, list[int]]] = {}
+    if fabric_manager:
+        wanted[FABRIC_MANAGER_PID] = ("nv-fabricmanager", [])
     for g in gpus:
         if g.missing:
             continue

@@ -1,0 +1,156 @@
+"""Kernel-log event plumbing shared by the xid and nvswitch checks.
+
+Not a check: identity of a record (boot id, sequence), when it happened, the standing
+"open problems" a passive check keeps between events, recorded GPU resets, and reading the
+whole kernel log for a one-shot scan.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from gpu_monitor.check import Context
+from gpu_monitor.hw.kmsg import KmsgGap, KmsgRecord
+from gpu_monitor.hw.kmsg_scan import ScanStats, iter_matching
+from gpu_monitor.model import (
+    ACTION_SEVERITY,
+    STATUS_SEVERITY,
+    Action,
+    Status,
+    gpu_target,
+    parse_iso,
+)
+
+log = logging.getLogger(__name__)
+
+# Results of recorded GPU resets that count as "the GPU was reset" (not "dry-run", "failed").
+RESET_OK_RESULTS = frozenset({"ok", "success", "succeeded", "done"})
+
+
+def boot_id(ctx: Context) -> str:
+    try:
+        return ctx.host.procfs.boot_id() or "unknown"
+    except Exception:  # noqa: BLE001 - identity is best effort
+        return "unknown"
+
+
+def record_seq(record: KmsgRecord) -> int:
+    """The de-duplication key within a boot: kmsg sequence, else the line number."""
+    return record.seq if record.seq is not None else record.line_no
+
+
+def event_time(record: KmsgRecord, ctx: Context) -> tuple[datetime, bool]:
+    """(when it happened, True when the time came from the record rather than the clock)."""
+    if record.wallclock is not None:
+        return record.wallclock, True
+    now = ctx.clock.now()
+    if (record.monotonic_s is not None and record.source_format == "kmsg"
+            and ctx.host.paths.kmsg_is_device):
+        try:
+            up = ctx.host.procfs.uptime_s()
+        except Exception:  # noqa: BLE001
+            up = None
+        if up is not None and 0 <= record.monotonic_s <= up:
+            return now - timedelta(seconds=up - record.monotonic_s), True
+    return now, False
+
+
+def worse_than(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    ka = (STATUS_SEVERITY[Status(a["status"])], ACTION_SEVERITY[Action(a["action"])])
+    kb = (STATUS_SEVERITY[Status(b["status"])], ACTION_SEVERITY[Action(b["action"])])
+    return ka > kb
+
+
+class OpenProblems:
+    """Unresolved problems per target and reason: the store's kv ``(<check>, "open")``, else
+    memory. ``current`` keeps those its predicate still calls open and returns the worst one per
+    target, so a later, milder problem is not hidden by an older one that has been resolved."""
+
+    def __init__(self, check: str):
+        self.check = check
+        self.memory: dict[str, dict[str, dict[str, Any]]] = {}
+
+    def load(self, ctx: Context) -> dict[str, dict[str, dict[str, Any]]]:
+        if ctx.store is None:
+            return {t: dict(v) for t, v in self.memory.items()}
+        try:
+            data = ctx.store.get_kv(self.check, "open", {}) or {}
+            return {t: dict(v) for t, v in data.items()}
+        except Exception as exc:  # noqa: BLE001 - history is best effort
+            log.warning("%s: cannot read open problems: %s", self.check, exc)
+            return {t: dict(v) for t, v in self.memory.items()}
+
+    def save(self, ctx: Context, data: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> None:
+        self.memory = {t: {r: dict(p) for r, p in v.items()} for t, v in data.items() if v}
+        if ctx.store is not None:
+            try:
+                ctx.store.set_kv(self.check, "open", self.memory)
+            except Exception as exc:  # noqa: BLE001
+                log.warning("%s: cannot store open problems: %s", self.check, exc)
+
+    def note(self, ctx: Context, target: str, problem: Mapping[str, Any]) -> None:
+        data = self.load(ctx)
+        data.setdefault(target, {})[problem["reason"]] = dict(problem)
+        self.save(ctx, data)
+
+    def current(self, ctx: Context, is_open: Callable[[Mapping[str, Any]], bool]
+                ) -> dict[str, dict[str, Any]]:
+        data = self.load(ctx)
+        kept = {t: {r: p for r, p in v.items() if is_open(p)} for t, v in data.items()}
+        kept = {t: v for t, v in kept.items() if v}
+        if kept != data:
+            self.save(ctx, kept)
+        worst: dict[str, dict[str, Any]] = {}
+        for target, by_reason in kept.items():
+            for prob in by_reason.values():
+                best = worst.get(target)
+                if best is None or worse_than(prob, best) or (
+                        not worse_than(best, prob)
+                        and parse_iso(prob["at"]) > parse_iso(best["at"])):
+                    worst[target] = prob
+        return worst
+
+
+def reset_times(ctx: Context, index: int | None, uuid: str | None) -> list[datetime]:
+    """When a GPU reset of this GPU was recorded (remediation's ``record_action``)."""
+    if ctx.store is None:
+        return []
+    try:
+        records = ctx.store.actions(action="reset_gpu")
+    except Exception:  # noqa: BLE001
+        return []
+    out = []
+    for a in records:
+        if a.result not in RESET_OK_RESULTS:
+            continue
+        d = a.details
+        if (uuid and uuid in (d.get("gpu_uuid"), d.get("uuid"))) or (
+                index is not None and (index in (d.get("gpu_index"), d.get("gpu"))
+                                       or d.get("target") == gpu_target(index))):
+            out.append(a.at)
+    return out
+
+
+def kernel_log(ctx: Context, needles: tuple[bytes, ...], stats: ScanStats
+               ) -> Iterator[KmsgRecord | KmsgGap]:
+    """The kernel log from its start: the device's ring, or the records of a saved file that
+    mention one of ``needles`` (found at memchr speed, gpu_monitor/hw/kmsg_scan.py)."""
+    paths = ctx.host.paths
+    if not paths.kmsg_is_device:
+        yield from iter_matching(paths.kmsg_path, needles, stats)
+        return
+    source = ctx.host.open_kmsg(replay=True)
+    try:
+        while True:
+            batch = source.read_available(4096)
+            if not batch:
+                return
+            stats.lines += sum(isinstance(item, KmsgRecord) for item in batch)
+            yield from batch
+    finally:
+        source.close()
+
+

@@ -1,0 +1,428 @@
+"""burn_in: sustained matmul on every device, judged for correctness, speed and heat.
+
+A device can be wrong the same way every time: it then agrees with itself, which is all that
+self-comparing burn tools (gpu-burn compares each result copy with the first) can see. So every
+device multiplies the *same* seeded inputs and the parent compares the results *across devices*
+bit for bit (a SHA-256 of the output bytes); the majority result wins and the odd device is
+named. Each device also re-checks its own result during the run (intermittent faults) and
+compares a small block with an fp64 reference within a per-dtype tolerance (a fault shared by
+every device, e.g. a broken library).
+
+Speed: TFLOP/s per device and dtype must reach ``min_fraction_of_peak`` of the profile's peak
+(a floor that catches a badly broken device) and stay within ``median_tolerance`` of the node's
+median device (one slow GPU slows every synchronous job). While the workers run, the parent
+samples NVML: HW slowdown, HW thermal slowdown or power-brake clock events and a core
+temperature above ``max_temp_celsius`` fail the device.
+
+Workers (gpu_monitor/workers): one subprocess per device with a hard timeout; with CPU devices
+(the simulated node) the devices take turns in rounds and each is judged by its best round, so
+a burst of load from elsewhere cannot single one out. ``duration_s`` is the measuring time per
+device, split evenly over dtypes (and rounds).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_monitor.check import Check, Context
+from gpu_monitor.hw.nvml import NvmlError
+from gpu_monitor.model import NODE, Action, Kind, Result, Status, gpu_target
+from gpu_monitor.workers.pool import WORKER_REASONS, DeviceRef, Outcome, Task, WorkerPool
+
+SEED = 1234
+CLOCK_EVENTS = {0x8: "hw_slowdown", 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake"}
+# Which finding a device's one result shows when it has several (most actionable first).
+_PRIORITY = ("BurnInMismatch", "BurnInReferenceMismatch", "WorkerDeviceMismatch",
+             "WorkerCrashed", "WorkerTimeout", "BurnInSlow", "BurnInThrottled", "BurnInHot",
+             "BurnInTelemetryError")
+_SEVERITY = {Status.FAILED: 3, Status.UNKNOWN: 2, Status.DEGRADED: 1, Status.OK: 0}
+
+
+# --- the worker (runs in a subprocess; torch only here) ---------------------------------------
+
+
+class BurnRun:
+    """One dtype's burn on one device: seeded inputs, the timed loop, the self and reference
+    checks. The benchmark drives it directly (bench/bench_burn_in.py), so what it measures is
+    exactly what the check measures."""
+
+    def __init__(self, dev: Any, n: int, dtype: str, block: int, seed: int = SEED):
+        import torch
+
+        self.dev, self.n, self.dtype = dev, n, dtype
+        self.block = max(1, min(block, n))
+        dt = dev.set_precision(dtype)
+        gen = torch.Generator().manual_seed(seed)
+        x, y = torch.randn(n, n, generator=gen).to(dt), torch.randn(n, n, generator=gen).to(dt)
+        # The fp64 reference uses the inputs as the device holds them (already rounded).
+        self.ref = x[: self.block].double() @ y[:, : self.block].double()
+        self.ref_scale = max(float(self.ref.abs().max()), 1e-30)
+        self.x, self.y = x.to(dev.torch), y.to(dev.torch)
+        self.out = torch.empty(n, n, dtype=dt, device=dev.torch)
+        dev.matmul(self.x, self.y, self.out)  # warm-up (library init, clocks); untimed
+        dev.synchronize()
+        self.first = self.out.clone()
+        self.batch = 1
+        self.rates: list[float] = []
+        self.iterations, self.busy_s = 0, 0.0
+        self.self_checks = self.self_mismatches = self.reference_checks = 0
+        self.reference_error = 0.0
+
+    def turn(self, seconds: float, check_every_s: float) -> float:
+        """Multiply for ``seconds``; returns the turn's TFLOP/s (checks are not timed)."""
+        dev, x, y, out = self.dev, self.x, self.y, self.out
+        dev.set_precision(self.dtype)
+        busy, iters = 0.0, 0
+        target_batch_s = min(0.05, seconds / 10)
+        end = time.perf_counter() + seconds
+        next_check = time.perf_counter() + check_every_s
+        while True:
+            batch = self.batch
+            t0 = dev.now()
+            for _ in range(batch):
+                dev.matmul(x, y, out)
+            t1 = dev.now()
+            dev.account(t1 - t0)
+            t2 = time.perf_counter()
+            busy += t2 - t0
+            iters += batch
+            if t1 - t0 < target_batch_s and batch < 1 << 16:
+                self.batch = batch * 2
+            if t2 >= end:
+                break
+            if t2 >= next_check:
+                self.verify()
+                next_check = time.perf_counter() + check_every_s
+        self.verify()
+        rate = 2.0 * self.n ** 3 * iters / busy / 1e12 if busy > 0 else 0.0
+        self.rates.append(rate)
+        self.iterations += iters
+        self.busy_s += busy
+        return rate
+
+    def verify(self) -> None:
+        import torch
+
+        self.self_checks += 1
+        if not torch.equal(self.out, self.first):
+            self.self_mismatches += 1
+        got = self.out[: self.block, : self.block].double().cpu()
+        err = float((got - self.ref).abs().max()) / self.ref_scale
+        self.reference_error = max(self.reference_error, err)
+        self.reference_checks += 1
+
+    def summary(self) -> dict[str, Any]:
+        import hashlib
+
+        import torch
+
+        first = self.first.contiguous().cpu()
+        digest = hashlib.sha256(first.view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+        return {"tflops": max(self.rates) if self.rates else 0.0, "tflops_rounds": self.rates,
+                "iterations": self.iterations, "busy_s": self.busy_s, "sha256": digest,
+                "self_checks": self.self_checks, "self_mismatches": self.self_mismatches,
+                "reference_error": self.reference_error,
+                "reference_checks": self.reference_checks}
+
+
+def burn_worker(ctx: Any) -> dict[str, Any]:
+    """Multiply the seeded inputs on ``ctx.device`` for the measuring time of each turn."""
+    a = ctx.args
+    dtypes = list(a["dtypes"])
+    per_turn = float(a["duration_s"]) / len(dtypes) / ctx.rounds
+    runs = {name: BurnRun(ctx.device, int(a["matrix_size"]), name, int(a["reference_block"]),
+                          int(a.get("seed", SEED))) for name in dtypes}
+    for _turn in ctx.turns():
+        for name, run in runs.items():
+            ctx.step(f"burn {name}")
+            run.turn(per_turn, float(a["reference_interval_s"]))
+    return {"dtypes": {name: run.summary() for name, run in runs.items()},
+            "device": str(ctx.device.torch)}
+
+
+# --- telemetry (parent side, while the workers run) --------------------------------------------
+
+
+@dataclass
+class DeviceTelemetry:
+    samples: int = 0
+    events: set[str] = field(default_factory=set)
+    max_core_c: int | None = None
+    max_memory_c: int | None = None
+    error: str = ""
+
+
+class Telemetry:
+    """Samples clock events and temperatures of the devices under test through NVML."""
+
+    def __init__(self, nvml: Any, indices: Sequence[int]):
+        self.nvml = nvml
+        self.devices = {i: DeviceTelemetry() for i in indices}
+
+    def sample(self) -> None:
+        for index, t in self.devices.items():
+            try:
+                reasons = int(self.nvml.clock_event_reasons(index))
+                temps = self.nvml.temperatures(index)
+            except NvmlError as err:
+                t.error = t.error or str(err)
+                continue
+            t.samples += 1
+            t.events.update(name for bit, name in CLOCK_EVENTS.items() if reasons & bit)
+            t.max_core_c = max(t.max_core_c or temps.core_c, temps.core_c)
+            if temps.memory_c is not None:
+                t.max_memory_c = max(t.max_memory_c or temps.memory_c, temps.memory_c)
+
+
+# --- judgement (pure) --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Finding:
+    status: Status
+    reason: str
+    message: str
+    action: Action = Action.NONE
+
+
+def split_by_hash(hashes: Mapping[int, str]) -> tuple[str | None, list[int]]:
+    """(the majority hash, devices that differ from it); no strict majority -> (None, all
+    devices that are not unanimous)."""
+    if len(set(hashes.values())) <= 1:
+        return (next(iter(hashes.values()), None), [])
+    counts = Counter(hashes.values())
+    top, votes = counts.most_common(1)[0]
+    if votes * 2 > len(hashes):
+        return top, sorted(i for i, h in hashes.items() if h != top)
+    return None, sorted(hashes)
+
+
+@dataclass(frozen=True)
+class Limits:
+    min_fraction_of_peak: float
+    median_tolerance: float
+    warning_band: float
+    max_temp_celsius: float | None
+    peak_tflops: Mapping[str, float]
+    reference_tolerance: Mapping[str, float]
+
+
+def judge(measured: Mapping[int, Mapping[str, Any]], telemetry: Mapping[int, DeviceTelemetry],
+          limits: Limits) -> tuple[dict[int, list[Finding]], list[Finding], dict[str, Any]]:
+    """Findings per device index, node findings, and the node's summary numbers."""
+    per: dict[int, list[Finding]] = {i: [] for i in measured}
+    node: list[Finding] = []
+    dtypes = sorted({d for m in measured.values() for d in m.get("dtypes", {})})
+    summary: dict[str, Any] = {"median_tflops": {}, "floor_tflops": {}, "required_tflops": {}}
+    for dt in dtypes:
+        runs = {i: m["dtypes"][dt] for i, m in measured.items() if dt in m.get("dtypes", {})}
+        majority, odd = split_by_hash({i: r["sha256"] for i, r in runs.items()})
+        if majority is not None:
+            for i in odd:
+                per[i].append(Finding(
+                    Status.FAILED, "BurnInMismatch",
+                    f"{dt} result differs from the {len(runs) - len(odd)} other devices' "
+                    "(same seeded inputs, bit-for-bit comparison): wrong results",
+                    Action.REPLACE))
+        elif odd:
+            names = ", ".join(gpu_target(i) for i in odd)
+            node.append(Finding(
+                Status.FAILED, "BurnInMismatch",
+                f"{dt} results differ between {names} and no majority says which is right",
+                Action.REPLACE))
+        median = statistics.median(r["tflops"] for r in runs.values())
+        peak = limits.peak_tflops.get(dt)
+        floor = limits.min_fraction_of_peak * float(peak) if peak else 0.0
+        required = max(floor, (1.0 - limits.median_tolerance) * median)
+        summary["median_tflops"][dt] = median
+        summary["floor_tflops"][dt] = floor
+        summary["required_tflops"][dt] = required
+        tol = limits.reference_tolerance.get(dt)
+        for i, r in runs.items():
+            if r.get("self_mismatches"):
+                per[i].append(Finding(
+                    Status.FAILED, "BurnInMismatch",
+                    f"{dt} result changed between iterations ({r['self_mismatches']} of "
+                    f"{r['self_checks']} checks): intermittent wrong results", Action.REPLACE))
+            if tol is not None and r["reference_error"] > float(tol):
+                per[i].append(Finding(
+                    Status.FAILED, "BurnInReferenceMismatch",
+                    f"{dt} result is off the fp64 reference by {r['reference_error']:.3g} "
+                    f"(relative; tolerance {float(tol):g})", Action.REPLACE))
+            v = r["tflops"]
+            why = (f"below {limits.min_fraction_of_peak:g} x the {dt} peak ({floor:.4g})"
+                   if floor >= required else
+                   f"below {1 - limits.median_tolerance:g} x the node median ({median:.4g})")
+            if v < required:
+                per[i].append(Finding(
+                    Status.FAILED, "BurnInSlow",
+                    f"{dt} at {v:.4g} TFLOP/s is {why}", Action.RESET_GPU))
+            elif v < required * (1.0 + limits.warning_band):
+                per[i].append(Finding(
+                    Status.DEGRADED, "BurnInSlow",
+                    f"{dt} at {v:.4g} TFLOP/s is within {limits.warning_band:g} of the "
+                    f"required {required:.4g}", Action.WATCH))
+    for i, t in telemetry.items():
+        findings = per.setdefault(i, [])
+        if t.events:
+            findings.append(Finding(
+                Status.FAILED, "BurnInThrottled",
+                f"clock events during the burn: {', '.join(sorted(t.events))}", Action.WATCH))
+        if (limits.max_temp_celsius is not None and t.max_core_c is not None
+                and t.max_core_c > limits.max_temp_celsius):
+            findings.append(Finding(
+                Status.FAILED, "BurnInHot",
+                f"core temperature reached {t.max_core_c} C (limit "
+                f"{limits.max_temp_celsius:g} C)", Action.WATCH))
+        if t.error:
+            findings.append(Finding(
+                Status.UNKNOWN, "BurnInTelemetryError",
+                f"cannot watch clocks and temperature during the burn: {t.error}"))
+    return per, node, summary
+
+
+def worst(findings: Sequence[Finding]) -> Finding | None:
+    if not findings:
+        return None
+    return max(findings, key=lambda f: (_SEVERITY[f.status],
+                                        -_PRIORITY.index(f.reason) if f.reason in _PRIORITY
+                                        else -99))
+
+
+# --- the check ---------------------------------------------------------------------------------
+
+
+class BurnIn(Check):
+    name = "burn_in"
+    kinds = frozenset({Kind.BOOTSTRAP})
+    summary = ("sustained matmul per device: results compared across devices bit for bit, "
+               "TFLOP/s vs peak and node median, no throttling or overheating")
+    requires = frozenset({"gpu", "torch"})
+    invasive = True
+    timeout = 1800.0
+    reasons = ("BurnInMismatch", "BurnInReferenceMismatch", "BurnInSlow", "BurnInThrottled",
+               "BurnInHot", "BurnInTelemetryError", "DeviceUnavailable", "NvmlReadError",
+               *WORKER_REASONS)
+
+    def run(self, ctx: Context) -> Sequence[Result]:
+        nvml = ctx.host.nvml
+        try:
+            gpus = nvml.gpus()
+        except NvmlError as err:
+            return [self.result(ctx, Status.UNKNOWN, NODE, "NvmlReadError",
+                                f"cannot enumerate GPUs: {err}")]
+        results = [self.result(ctx, Status.UNKNOWN, gpu_target(g.index), "DeviceUnavailable",
+                               f"{gpu_target(g.index)} not burned: NVML reports it lost")
+                   for g in gpus if g.lost]
+        refs = [DeviceRef(g.index, g.uuid) for g in gpus if not g.lost]
+        if not refs:
+            return results
+        s = _settings(ctx)
+        pool = WorkerPool(ctx.host.worker)
+        per_turn = s["duration_s"] / pool.rounds
+        timeout = float(ctx.setting(self.name, "timeout_s", 0) or 0) or 2 * per_turn + 60
+        args = {k: s[k] for k in ("matrix_size", "dtypes", "duration_s", "reference_block",
+                                  "reference_interval_s")} | {"seed": SEED}
+        telemetry = Telemetry(nvml, [r.index for r in refs])
+        started = time.monotonic()
+        outcomes = pool.run([Task("checks.burn_in:burn_worker", (r,), args) for r in refs],
+                            timeout_s=timeout, on_tick=telemetry.sample)
+        wall = time.monotonic() - started
+        measured = {o.task.devices[0].index: o.value for o in outcomes if o.ok and o.value}
+        per, node, summary = judge(measured, telemetry.devices, s["limits"])
+        table = {gpu_target(i): {dt: round(r["tflops"], 6) for dt, r in m["dtypes"].items()}
+                 for i, m in sorted(measured.items())}
+        common = {"median_tflops": summary["median_tflops"],
+                  "floor_tflops": summary["floor_tflops"],
+                  "required_tflops": summary["required_tflops"],
+                  "min_fraction_of_peak": s["limits"].min_fraction_of_peak,
+                  "median_tolerance": s["limits"].median_tolerance,
+                  "max_temp_celsius": s["limits"].max_temp_celsius}
+        for o in outcomes:
+            ref = o.task.devices[0]
+            results.append(self._device_result(ctx, ref, o, per.get(ref.index, []),
+                                               measured.get(ref.index),
+                                               telemetry.devices[ref.index], common))
+        node_details = {**common, "tflops": table, "devices": len(refs),
+                        "duration_s": s["duration_s"], "matrix_size": s["matrix_size"],
+                        "dtypes": s["dtypes"], "rounds": pool.rounds,
+                        "mode": "sequential" if pool.sequential else "concurrent",
+                        "wall_s": round(wall, 2)}
+        if len(measured) < 2:
+            node_details["note"] = ("fewer than two devices measured: no cross-device "
+                                    "comparison, only the fp64 reference")
+        top = worst(node)
+        if top is not None:
+            results.append(self.result(ctx, top.status, NODE, top.reason, top.message,
+                                       node_details, top.action))
+        else:
+            flagged = [r.target for r in results if r.status is not Status.OK]
+            results.append(self.ok(ctx, NODE, _summary_text(summary, len(measured), len(refs),
+                                                            flagged), node_details))
+        return results
+
+    def _device_result(self, ctx: Context, ref: DeviceRef, outcome: Outcome,
+                       findings: list[Finding], measured: Mapping[str, Any] | None,
+                       tele: DeviceTelemetry, common: Mapping[str, Any]) -> Result:
+        target = ref.target
+        details: dict[str, Any] = {"uuid": ref.uuid, **common,
+                                   "clock_events": sorted(tele.events),
+                                   "max_core_c": tele.max_core_c,
+                                   "max_memory_c": tele.max_memory_c,
+                                   "telemetry_samples": tele.samples}
+        if not outcome.ok:
+            findings = [*findings, Finding(Status.UNKNOWN, outcome.reason, outcome.message)]
+            details.update(outcome.details)
+        if measured:
+            runs = measured["dtypes"]
+            details["tflops"] = {dt: round(r["tflops"], 6) for dt, r in runs.items()}
+            details["tflops_rounds"] = {dt: [round(x, 6) for x in r["tflops_rounds"]]
+                                        for dt, r in runs.items()}
+            details["sha256"] = {dt: r["sha256"] for dt, r in runs.items()}
+            details["reference_error"] = {dt: r["reference_error"] for dt, r in runs.items()}
+            details["iterations"] = {dt: r["iterations"] for dt, r in runs.items()}
+        top = worst(findings)
+        if top is None:
+            rates = ", ".join(f"{dt} {v:.4g}" for dt, v in details.get("tflops", {}).items())
+            return self.ok(ctx, target, f"{target}: {rates} TFLOP/s, results match", details)
+        if len(findings) > 1:
+            details["findings"] = [{"status": f.status.value, "reason": f.reason,
+                                    "message": f.message} for f in findings]
+        return self.result(ctx, top.status, target, top.reason, f"{target}: {top.message}",
+                           details, top.action)
+
+
+def _settings(ctx: Context) -> dict[str, Any]:
+    def get(key: str, default: Any) -> Any:
+        return ctx.setting("burn_in", key, default)
+
+    dtypes = [str(d) for d in get("dtypes", ["bf16", "tf32"])]
+    max_temp = get("max_temp_celsius", None)
+    return {
+        "duration_s": float(get("duration_s", 60.0)),
+        "dtypes": dtypes,
+        "matrix_size": int(get("matrix_size", 8192)),
+        "reference_block": int(get("reference_block", 128)),
+        "reference_interval_s": float(get("reference_interval_s", 10.0)),
+        "limits": Limits(
+            min_fraction_of_peak=float(get("min_fraction_of_peak", 0.7)),
+            median_tolerance=float(get("median_tolerance", 0.10)),
+            warning_band=float(get("warning_band", 0.0) or 0.0),
+            max_temp_celsius=None if max_temp is None else float(max_temp),
+            peak_tflops={str(k): float(v) for k, v in (get("peak_tflops", {}) or {}).items()},
+            reference_tolerance={str(k): float(v) for k, v in
+                                 (get("reference_tolerance", {}) or {}).items()},
+        ),
+    }
+
+
+def _summary_text(summary: Mapping[str, Any], measured: int, total: int,
+                  flagged: Sequence[str]) -> str:
+    medians = ", ".join(f"{dt} {v:.4g}" for dt, v in summary["median_tflops"].items())
+    tail = f"; findings on {', '.join(flagged)}" if flagged else "; no findings"
+    return f"{measured}/{total} devices burned, median TFLOP/s {medians or 'n/a'}{tail}"

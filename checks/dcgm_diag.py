@@ -1,0 +1,218 @@
+"""dcgm_diag: run NVIDIA's DCGM diagnostic (``dcgmi diag -r LEVEL -j``) and judge every result.
+
+DCGM's own stress and integration plugins (memory, pcie, targeted stress/power, ...) test things
+no NVML counter shows. This check runs them at the profile's level (``dcgm.level``, default 2,
+about two minutes), parses the JSON of any DCGM release (gpu_monitor/hw/dcgm.py) and reports one
+result per GPU from *every* result of *every* test: a ``Fail`` anywhere fails the GPU
+(``DcgmDiagFail``, the test, DCGM's warning text and ``error_id`` in details), a ``Warn``
+degrades it, ``Skip`` is noted. Results DCGM gives without a GPU (2.x compact output, text
+``Pass - All``) are reported on ``node``.
+
+DCGM missing or not reachable is never a hardware finding: no ``dcgmi`` or no local host engine
+→ ``skipped``; a configured ``--host`` engine that cannot be reached, a hang, a non-zero exit
+without a report, garbage or truncated JSON → ``unknown`` with the reason.
+
+Settings (``ctx.setting("dcgm_diag", ...)``): ``level`` (1–4, profile ``dcgm.level``), ``host``
+(``--host`` of a separate nv-hostengine, config only), ``parameters`` (``-p`` test parameters,
+config only), ``timeout_s`` (default by level).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from gpu_monitor.check import Check, Context
+from gpu_monitor.hw import dcgm
+from gpu_monitor.hw.dcgm import DcgmParseError, DiagResult, DiagStatus, worst
+from gpu_monitor.model import NODE, Action, Kind, Result, Status, gpu_target
+
+# Seconds dcgmi may take per level (NVIDIA: L1 seconds, L2 ~2 min, L3 ~15 min, L4 longer).
+LEVEL_TIMEOUT_S = {1: 180.0, 2: 900.0, 3: 2700.0, 4: 7200.0}
+# dcgm_errors.h severities that say what to do with the GPU.
+SEVERITY_ACTIONS = {6: Action.RESET_GPU, 2: Action.REPLACE}
+_TAIL = 600
+
+
+def _tail(text: str) -> str:
+    text = text.strip()
+    return text if len(text) <= _TAIL else "..." + text[-_TAIL:]
+
+
+class DcgmDiag(Check):
+    name = "dcgm_diag"
+    kinds = frozenset({Kind.BOOTSTRAP})
+    summary = "DCGM diagnostic (dcgmi diag -r LEVEL -j): every test's result per GPU"
+    requires = frozenset({"dcgm", "gpu"})
+    invasive = True
+    timeout = LEVEL_TIMEOUT_S[4] + 120.0
+    reasons = (
+        "DcgmDiagFail",
+        "DcgmDiagWarn",
+        "DcgmDiagSkipped",
+        "DcgmUnavailable",
+        "DcgmHostEngineUnreachable",
+        "DcgmTimeout",
+        "DcgmError",
+        "DcgmBadOutput",
+        "DcgmIncomplete",
+    )
+
+    def run(self, ctx: Context) -> Sequence[Result]:
+        level = int(ctx.setting(self.name, "level", 2))
+        host = ctx.setting(self.name, "host")
+        params = ctx.setting(self.name, "parameters")
+        timeout = float(ctx.setting(self.name, "timeout_s", LEVEL_TIMEOUT_S.get(level, 900.0)))
+        argv = ["dcgmi", "diag", "-r", str(level), "-j"]
+        if host:
+            argv += ["--host", str(host)]
+        if params:
+            argv += ["-p", str(params)]
+        base = {"level": level, "command": " ".join(argv)}
+
+        out = ctx.host.runner.run(argv, timeout=timeout)
+        if out.not_found:
+            return [self.result(ctx, Status.SKIPPED, NODE, "DcgmUnavailable",
+                                "DCGM not installed (dcgmi not found on PATH)", base)]
+        if out.timed_out:
+            return [self.result(
+                ctx, Status.UNKNOWN, NODE, "DcgmTimeout",
+                f"dcgmi diag -r {level} did not finish within {timeout:g} s (killed)",
+                {**base, "timeout_s": timeout, "output_tail": _tail(out.stdout + out.stderr)})]
+        if out.returncode is None:
+            return [self.result(ctx, Status.UNKNOWN, NODE, "DcgmError",
+                                f"dcgmi could not be started: {out.error}", base)]
+        text = out.stdout + ("\n" + out.stderr if out.stderr else "")
+        details = {**base, "exit_code": out.returncode, "duration_s": round(out.duration_s, 3)}
+        try:
+            diag = dcgm.parse_diag(out.stdout)
+        except DcgmParseError as exc:
+            return [self._no_report(ctx, text, exc, host, details)]
+        if diag.runtime_error:
+            return [self.result(ctx, Status.UNKNOWN, NODE, "DcgmError",
+                                f"dcgmi diag reported a runtime error: {diag.runtime_error}",
+                                {**details, "runtime_error": diag.runtime_error})]
+        return self._judge(ctx, diag, details, out.returncode)
+
+    # --- no usable report ----------------------------------------------------------------
+
+    def _no_report(self, ctx: Context, text: str, exc: DcgmParseError, host: Any,
+                   details: dict[str, Any]) -> Result:
+        conn = dcgm.connection_error(text)
+        details = {**details, "output_tail": _tail(text)}
+        if conn and not host:
+            return self.result(
+                ctx, Status.SKIPPED, NODE, "DcgmUnavailable",
+                f"DCGM host engine not running on this node: {conn}", details)
+        if conn:
+            return self.result(
+                ctx, Status.UNKNOWN, NODE, "DcgmHostEngineUnreachable",
+                f"configured DCGM host engine {host} is not reachable: {conn}", details)
+        if details["exit_code"] != 0:
+            return self.result(
+                ctx, Status.UNKNOWN, NODE, "DcgmError",
+                f"dcgmi diag exited {details['exit_code']} without a report ({exc})", details)
+        return self.result(ctx, Status.UNKNOWN, NODE, "DcgmBadOutput",
+                           f"dcgmi diag output is not a diagnostic report: {exc}", details)
+
+    # --- judging a report ------------------------------------------------------------------
+
+    def _judge(self, ctx: Context, diag: dcgm.DcgmDiag, details: dict[str, Any],
+               exit_code: int) -> list[Result]:
+        meta = {**details, "dcgm_version": diag.version, "output_shape": diag.shape}
+        uuids = _uuids(ctx)
+        results: list[Result] = []
+        for gpu in diag.gpus:
+            results.append(self._target(ctx, gpu_target(gpu), diag.for_gpu(gpu),
+                                        {**meta, "gpu_index": gpu, "uuid": uuids.get(gpu)}))
+        node_wide = diag.node_wide()
+        failed_summaries = [s for s in diag.summaries if s.status is DiagStatus.FAIL
+                            and not any(r.test == s.test and r.status is DiagStatus.FAIL
+                                        for r in diag.results)]
+        if node_wide or failed_summaries:
+            res = self._target(ctx, NODE, node_wide, meta)
+            if failed_summaries:
+                tests = ", ".join(s.test for s in failed_summaries)
+                res = self.result(
+                    ctx, Status.FAILED, NODE, "DcgmDiagFail",
+                    f"DCGM test(s) failed with no GPU named: {tests}",
+                    {**meta, "failed_tests": [s.test for s in failed_summaries],
+                     "summary_info": [i for s in failed_summaries for i in s.info]})
+            results.append(res)
+        if not diag.complete:
+            results.append(self.result(
+                ctx, Status.UNKNOWN, NODE, "DcgmIncomplete",
+                "the dcgmi diag table ends before its closing border (output cut short)", meta))
+        any_bad = any(r.status in (Status.FAILED, Status.DEGRADED) for r in results)
+        if exit_code != 0 and not any_bad:
+            results.append(self.result(
+                ctx, Status.UNKNOWN, NODE, "DcgmError",
+                f"dcgmi diag exited {exit_code} although no test failed or warned", meta))
+        if not results:
+            results.append(self.result(ctx, Status.UNKNOWN, NODE, "DcgmBadOutput",
+                                       "dcgmi diag reported no result for any GPU", meta))
+        return results
+
+    def _target(self, ctx: Context, target: str, rows: Sequence[DiagResult],
+                meta: dict[str, Any]) -> Result:
+        tests: dict[str, str] = {}
+        for r in rows:
+            prev = tests.get(r.test)
+            status = worst([DiagStatus(prev), r.status]) if prev else r.status
+            tests[r.test] = str(status)
+        failures = [_finding(r) for r in rows if r.status is DiagStatus.FAIL]
+        warnings = [_finding(r) for r in rows if r.status is DiagStatus.WARN]
+        skipped = sorted({r.test for r in rows
+                          if r.status in (DiagStatus.SKIP, DiagStatus.NOT_RUN)})
+        details = {**meta, "tests": tests, "failures": failures, "warnings": warnings,
+                   "skipped_tests": skipped}
+        overall = worst(r.status for r in rows)
+        if overall is DiagStatus.FAIL:
+            severities = [w.get("error_severity") for f in failures for w in f["warnings"]]
+            action = _action(severities)
+            text = "; ".join(f"{f['test']}: {_first_warning(f)}" for f in failures)
+            return self.result(ctx, Status.FAILED, target, "DcgmDiagFail",
+                               f"DCGM diagnostic failed on {target}: {text}", details, action)
+        if overall is DiagStatus.WARN:
+            text = "; ".join(f"{w['test']}: {_first_warning(w)}" for w in warnings)
+            return self.result(ctx, Status.DEGRADED, target, "DcgmDiagWarn",
+                               f"DCGM diagnostic warned on {target}: {text}", details,
+                               Action.WATCH)
+        if overall is DiagStatus.PASS:
+            note = f" ({len(skipped)} skipped: {', '.join(skipped)})" if skipped else ""
+            return self.ok(ctx, target, f"{len(tests)} DCGM tests passed{note}", details)
+        return self.result(ctx, Status.SKIPPED, target, "DcgmDiagSkipped",
+                           f"DCGM skipped every test on {target}", details)
+
+
+def _finding(r: DiagResult) -> dict[str, Any]:
+    return {"test": r.test, "category": r.category, "status": str(r.status),
+            "warnings": [w.to_dict() for w in r.warnings], "info": list(r.info)}
+
+
+def _first_warning(finding: dict[str, Any]) -> str:
+    ws = finding["warnings"]
+    if not ws:
+        return finding["status"]
+    w = ws[0]
+    code = f" (error_id {w['error_id']})" if "error_id" in w else ""
+    return f"{w['warning']}{code}"
+
+
+def _action(severities: Sequence[Any]) -> Action:
+    actions = [SEVERITY_ACTIONS[s] for s in severities if s in SEVERITY_ACTIONS]
+    if Action.REPLACE in actions:
+        return Action.REPLACE
+    if Action.RESET_GPU in actions:
+        return Action.RESET_GPU
+    return Action.NONE
+
+
+def _uuids(ctx: Context) -> dict[int, str | None]:
+    """GPU index -> UUID for details (results are keyed by UUID downstream); best effort."""
+    try:
+        if not ctx.host.nvml.available():
+            return {}
+        return {g.index: g.uuid for g in ctx.host.nvml.gpus()}
+    except Exception:  # noqa: BLE001 - UUIDs are decoration here, DCGM's verdict stands
+        return {}

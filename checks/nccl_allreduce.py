@@ -1,0 +1,361 @@
+"""nccl_allreduce: an all-reduce across the node's devices, checked exactly and timed per size.
+
+One worker process per device joins a torch.distributed group (NCCL on GPUs, gloo on CPU
+devices: the same code). For every size of the sweep (``sweep_min_bytes`` to
+``sweep_max_bytes`` by ``sweep_factor``) each rank first proves the data right — rank r
+contributes (r + 1) x a pattern of small integers in fp32, so the sum is exactly representable
+and checked for equality, not closeness — then times ``warmup_iterations`` + ``iterations``
+all-reduces, and checks the data again. Per size the parent reports p50/p95 latency (of the
+slowest rank in each iteration, as nccl-tests' per-iteration timing does), algbw = bytes / the
+slowest rank's mean iteration time and busbw = algbw x 2(n-1)/n (nccl-tests' all-reduce bus
+bandwidth).
+
+Pass: no wrong data; busbw at the large sizes (>= ``large_message_min_bytes``, else the largest
+size swept) >= the profile floor; p95 latency at the small sizes (<= ``small_message_max_bytes``)
+<= the profile limit. When a sum is wrong, the ranks all-gather their contributions once to see
+whose data arrives wrong, and that device is named; a rank that hangs is killed at the timeout
+and named by its progress (the others were waiting for it).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_monitor.check import Check, Context
+from gpu_monitor.hw.nvml import NvmlError
+from gpu_monitor.model import NODE, Action, Kind, Result, Status, gpu_target
+from gpu_monitor.workers.pool import WORKER_REASONS, DeviceRef, Outcome, Task, WorkerPool
+
+_PATTERN_MOD = 251  # pattern values 1..251; x n(n+1)/2 stays below 2**24 up to n = 364
+_DIAGNOSE_CHUNK = 1 << 22  # elements per all_gather when naming a bad contributor
+
+
+# --- the worker (runs in a subprocess; torch only here) ---------------------------------------
+
+
+class AllReduceRank:
+    """One rank's side of the sweep: the exact data check and the timed loop. The benchmark
+    drives it directly (bench/bench_nccl.py), so it measures exactly what the check does."""
+
+    def __init__(self, dev: Any, rank: int, world_size: int, top_count: int,
+                 step: Any = None):
+        import torch
+
+        self.dev, self.rank, self.n = dev, rank, world_size
+        self.step = step or (lambda phase=None: None)
+        self.base = (torch.arange(top_count, dtype=torch.int32, device=dev.torch)
+                     .remainder_(_PATTERN_MOD).add_(1).to(torch.float32))
+        self.work = torch.zeros(top_count, dtype=torch.float32, device=dev.torch)
+        self.send = torch.empty_like(self.work)
+        self.flag = torch.zeros(1, dtype=torch.float32, device=dev.torch)
+        self.total = float(world_size * (world_size + 1) // 2)
+        self.suspects: list[int] | None = None
+        self.diagnosed_at: int | None = None
+
+    def contribution(self, count: int) -> Any:
+        import torch
+
+        s = self.send[:count]
+        torch.mul(self.base[:count], self.rank + 1, out=s)
+        return self.dev.outgoing(s)
+
+    def diagnose(self, count: int) -> list[int]:
+        """Whose contribution arrives wrong: all-gather them and compare with the pattern."""
+        import torch
+        import torch.distributed as dist
+
+        bad: set[int] = set()
+        for start in range(0, count, _DIAGNOSE_CHUNK):
+            stop = min(count, start + _DIAGNOSE_CHUNK)
+            mine = self.contribution(count)[start:stop].contiguous()
+            gathered = [torch.empty_like(mine) for _ in range(self.n)]
+            dist.all_gather(gathered, mine)
+            for j, got in enumerate(gathered):
+                if not torch.equal(got, self.base[start:stop] * (j + 1)):
+                    bad.add(j)
+        return sorted(bad)
+
+    def verify(self, count: int) -> int:
+        """All-reduce the pattern once; the number of wrong values this rank received."""
+        import torch.distributed as dist
+
+        self.step(f"verify {count * 4} B")
+        s = self.contribution(count)
+        dist.all_reduce(s)
+        wrong = int((s != self.base[:count] * self.total).sum())
+        self.flag.fill_(float(wrong))
+        dist.all_reduce(self.flag, op=dist.ReduceOp.MAX)  # every rank learns if anyone saw it
+        if float(self.flag.item()) > 0 and self.suspects is None:
+            self.step(f"diagnose {count * 4} B")
+            self.suspects, self.diagnosed_at = self.diagnose(count), count * 4
+        return wrong
+
+    def timed(self, count: int, warmup: int, iters: int) -> list[float]:
+        """Seconds per all-reduce of ``count`` fp32 values, each timed on its own."""
+        import torch.distributed as dist
+
+        z = self.work[:count]
+        z.zero_()  # zeros stay zeros: timing loops cannot overflow
+        for _ in range(warmup):
+            self.step(f"all_reduce {count * 4} B (warm-up)")
+            dist.all_reduce(z)
+        times = []
+        for _ in range(iters):
+            self.step(f"all_reduce {count * 4} B")
+            t0 = self.dev.now()
+            dist.all_reduce(z)
+            times.append(self.dev.now() - t0)
+        return times
+
+
+def allreduce_worker(ctx: Any) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    dev, a = ctx.device, ctx.args
+    iters, warmup = int(a["iterations"]), int(a["warmup_iterations"])
+    counts = [max(1, int(s) // 4) for s in a["sizes"]]
+    backend = dev.init_process_group(ctx.rank, ctx.world_size, ctx.rendezvous, ctx.timeout_s)
+    me = AllReduceRank(dev, ctx.rank, ctx.world_size, max(counts), ctx.step)
+    rows = []
+    for _turn in ctx.turns():
+        for count in counts:
+            wrong = me.verify(count)
+            times = me.timed(count, warmup, iters)
+            wrong += me.verify(count)
+            rows.append({"bytes": count * 4, "times_s": times, "wrong": wrong})
+    dist.destroy_process_group()
+    return {"backend": backend, "rows": rows, "suspects": me.suspects,
+            "diagnosed_at_bytes": me.diagnosed_at}
+
+
+# --- judgement (pure) --------------------------------------------------------------------------
+
+
+def sweep_sizes(lo: int, hi: int, factor: int) -> list[int]:
+    sizes, s = [], max(1, int(lo))
+    factor = max(2, int(factor))
+    while s <= hi:
+        sizes.append(s)
+        s *= factor
+    return sizes
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (``q`` in 0..100), as nccl-tests reports i_p99."""
+    ordered = sorted(values)
+    k = max(1, math.ceil(q / 100.0 * len(ordered)))
+    return ordered[k - 1]
+
+
+def bus_factor(n: int) -> float:
+    return 2.0 * (n - 1) / n if n > 0 else 0.0
+
+
+def table(per_rank: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per size: latency of the slowest rank per iteration, p50/p95, algbw and busbw."""
+    n = len(per_rank)
+    rows = []
+    for k, first in enumerate(per_rank[0]["rows"]):
+        series = [r["rows"][k]["times_s"] for r in per_rank]
+        slowest = [max(ts) for ts in zip(*series, strict=True)]
+        # Bandwidth from the slowest rank's mean iteration (nccl-tests times a rank's whole
+        # loop); the per-iteration maximum would add every rank's jitter on top.
+        mean = max(statistics.fmean(ts) for ts in series) if slowest else float("nan")
+        algbw = first["bytes"] / mean / 1e9 if mean > 0 else 0.0
+        rows.append({
+            "bytes": first["bytes"],
+            "p50_s": percentile(slowest, 50),
+            "p95_s": percentile(slowest, 95),
+            "time_avg_s": mean,
+            "algbw_gb_per_s": algbw,
+            "busbw_gb_per_s": algbw * bus_factor(n),
+            "wrong": sum(int(r["rows"][k]["wrong"]) for r in per_rank),
+        })
+    return rows
+
+
+@dataclass(frozen=True)
+class Limits:
+    busbw_floor_gb_per_s: float | None
+    large_message_min_bytes: int
+    small_message_max_bytes: int
+    small_p95_latency_limit_s: float | None
+    warning_band: float
+
+
+@dataclass(frozen=True)
+class Finding:
+    status: Status
+    target: str
+    reason: str
+    message: str
+    action: Action = Action.NONE
+
+
+def judge(rows: Sequence[Mapping[str, Any]], suspects: Sequence[int] | None,
+          wrong_ranks: Sequence[int], limits: Limits) -> list[Finding]:
+    findings: list[Finding] = []
+    wrong = sum(r["wrong"] for r in rows)
+    if wrong:
+        first = next(r["bytes"] for r in rows if r["wrong"])
+        if suspects:
+            for k in suspects:
+                findings.append(Finding(
+                    Status.FAILED, gpu_target(k), "NcclWrongData",
+                    f"all-reduce sums were wrong ({wrong} wrong values, first at {first} B); "
+                    f"the data {gpu_target(k)} contributes arrives wrong at its peers",
+                    Action.REPLACE))
+        else:
+            names = ", ".join(gpu_target(k) for k in wrong_ranks) or "every rank"
+            findings.append(Finding(
+                Status.FAILED, NODE, "NcclWrongData",
+                f"all-reduce sums were wrong ({wrong} wrong values, first at {first} B) on "
+                f"{names}; no single device's contribution was wrong", Action.REPLACE))
+    if not rows:
+        return findings
+    large = [r for r in rows if r["bytes"] >= limits.large_message_min_bytes] or [rows[-1]]
+    floor = limits.busbw_floor_gb_per_s
+    if floor:
+        low = min(large, key=lambda r: r["busbw_gb_per_s"])
+        bw = low["busbw_gb_per_s"]
+        if bw < floor:
+            findings.append(Finding(
+                Status.FAILED, NODE, "NcclBusBwLow",
+                f"busbw {bw:.4g} GB/s at {low['bytes']} B is below the floor {floor:g} GB/s",
+                Action.WATCH))
+        elif bw < floor * (1.0 + limits.warning_band):
+            findings.append(Finding(
+                Status.DEGRADED, NODE, "NcclBusBwLow",
+                f"busbw {bw:.4g} GB/s at {low['bytes']} B is within {limits.warning_band:g} "
+                f"of the floor {floor:g} GB/s", Action.WATCH))
+    limit = limits.small_p95_latency_limit_s
+    small = [r for r in rows if r["bytes"] <= limits.small_message_max_bytes]
+    if limit and small:
+        slow = max(small, key=lambda r: r["p95_s"])
+        if slow["p95_s"] > limit:
+            findings.append(Finding(
+                Status.FAILED, NODE, "NcclLatencyHigh",
+                f"p95 latency {slow['p95_s'] * 1e6:.1f} us at {slow['bytes']} B is above the "
+                f"limit {limit * 1e6:.1f} us", Action.WATCH))
+    return findings
+
+
+# --- the check ---------------------------------------------------------------------------------
+
+
+class NcclAllreduce(Check):
+    name = "nccl_allreduce"
+    kinds = frozenset({Kind.BOOTSTRAP})
+    summary = ("all-reduce over every local device (NCCL; gloo on CPU): exact data check and "
+               "a size sweep of p50/p95 latency, algbw and busbw vs the profile")
+    requires = frozenset({"gpu", "torch"})
+    invasive = True
+    timeout = 1200.0
+    reasons = ("NcclWrongData", "NcclBusBwLow", "NcclLatencyHigh", "NothingToReduce",
+               "DeviceUnavailable", "NvmlReadError", *WORKER_REASONS)
+
+    def run(self, ctx: Context) -> Sequence[Result]:
+        try:
+            gpus = ctx.host.nvml.gpus()
+        except NvmlError as err:
+            return [self.result(ctx, Status.UNKNOWN, NODE, "NvmlReadError",
+                                f"cannot enumerate GPUs: {err}")]
+        results = [self.result(ctx, Status.UNKNOWN, gpu_target(g.index), "DeviceUnavailable",
+                               f"{gpu_target(g.index)} left out of the all-reduce: NVML "
+                               "reports it lost") for g in gpus if g.lost]
+        refs = [DeviceRef(g.index, g.uuid) for g in gpus if not g.lost]
+        if len(refs) < 2:
+            results.append(self.result(ctx, Status.SKIPPED, NODE, "NothingToReduce",
+                                       f"{len(refs)} usable device(s): nothing to all-reduce"))
+            return results
+
+        def get(key: str, default: Any = None) -> Any:
+            return ctx.setting(self.name, key, default)
+
+        sizes = sweep_sizes(int(get("sweep_min_bytes", 8)),
+                            int(get("sweep_max_bytes", 2 ** 31)), int(get("sweep_factor", 4)))
+        limits = Limits(
+            busbw_floor_gb_per_s=_opt_float(get("allreduce_busbw_floor_gb_per_s")),
+            large_message_min_bytes=int(get("large_message_min_bytes", sizes[-1])),
+            small_message_max_bytes=int(get("small_message_max_bytes", 65536)),
+            small_p95_latency_limit_s=_opt_float(get("small_p95_latency_limit_s")),
+            warning_band=float(get("warning_band", 0.0) or 0.0),
+        )
+        args = {"sizes": sizes, "iterations": int(get("iterations", 20)),
+                "warmup_iterations": int(get("warmup_iterations", 5))}
+        timeout = float(get("timeout_s", 0) or 0) or 300.0
+        pool = WorkerPool(ctx.host.worker)
+        outcomes = pool.run([Task("checks.nccl_allreduce:allreduce_worker", (r,), args)
+                             for r in refs], timeout_s=timeout, gang=True)
+        base = {"world_size": len(refs), "sizes": sizes, "iterations": args["iterations"],
+                "warmup_iterations": args["warmup_iterations"],
+                "busbw_floor_gb_per_s": limits.busbw_floor_gb_per_s,
+                "large_message_min_bytes": limits.large_message_min_bytes,
+                "small_message_max_bytes": limits.small_message_max_bytes,
+                "small_p95_latency_limit_s": limits.small_p95_latency_limit_s}
+        if not all(o.ok for o in outcomes):
+            return results + self._worker_failures(ctx, outcomes, base)
+        values = [o.value or {} for o in outcomes]
+        rows = table(values)
+        suspects = next((v["suspects"] for v in values if v.get("suspects") is not None), None)
+        wrong_ranks = [refs[k].index for k, v in enumerate(values)
+                       if any(r["wrong"] for r in v["rows"])]
+        # Ranks are positions in ``refs``; targets are NVML indices.
+        suspects = None if suspects is None else [refs[k].index for k in suspects]
+        findings = judge(rows, suspects, wrong_ranks, limits)
+        details = {**base, "backend": values[0].get("backend"), "table": _rounded(rows),
+                   "mode": "concurrent (one process per device)"}
+        diagnosis = {"suspects": suspects,
+                     "diagnosed_at_bytes": next((v.get("diagnosed_at_bytes") for v in values
+                                                 if v.get("diagnosed_at_bytes")), None),
+                     "wrong_by_size": {str(r["bytes"]): r["wrong"] for r in rows if r["wrong"]},
+                     "world_size": len(refs), "backend": details["backend"]}
+        on_devices = [f for f in findings if f.target != NODE]
+        for f in on_devices:
+            results.append(self.result(ctx, f.status, f.target, f.reason, f.message, diagnosis,
+                                       f.action))
+        node = [f for f in findings if f.target == NODE]
+        if node:
+            top = max(node, key=lambda f: f.status is Status.FAILED)
+            if len(node) > 1:
+                details["findings"] = [{"status": f.status.value, "reason": f.reason,
+                                        "message": f.message} for f in node]
+            results.append(self.result(ctx, top.status, NODE, top.reason, top.message,
+                                       details, top.action))
+        else:
+            big = rows[-1]
+            data = (f"wrong data from {', '.join(f.target for f in on_devices)}" if on_devices
+                    else f"data exact at {len(rows)} sizes")
+            results.append(self.ok(
+                ctx, NODE,
+                f"{len(refs)} devices ({details['backend']}): {data}; "
+                f"busbw {big['busbw_gb_per_s']:.4g} GB/s at {big['bytes']} B", details))
+        return results
+
+    def _worker_failures(self, ctx: Context, outcomes: Sequence[Outcome],
+                         base: Mapping[str, Any]) -> list[Result]:
+        """Culprits get ``unknown`` on their device; ranks stopped because of them are listed."""
+        culprits = [o for o in outcomes if not o.ok and o.cause != "aborted"]
+        stopped = [o.task.name for o in outcomes if o.cause == "aborted"]
+        out = []
+        for o in culprits:
+            out.append(self.result(ctx, Status.UNKNOWN, o.task.name, o.reason, o.message,
+                                   {**base, **o.details, "stopped_ranks": stopped}))
+        if not culprits:  # every rank was stopped: say so once, on the node
+            first = next(o for o in outcomes if not o.ok)
+            out.append(self.result(ctx, Status.UNKNOWN, NODE, first.reason, first.message,
+                                   {**base, **first.details}))
+        return out
+
+
+def _opt_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _rounded(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: (float(f"{v:.6g}") if isinstance(v, float) else v) for k, v in r.items()}
+            for r in rows]

@@ -1,0 +1,266 @@
+"""nvlink_state: every expected NVLink link up, and its error counters quiet.
+
+A down NVLink link halves (or worse) the bandwidth of every collective that crosses it and is
+not repaired by the job: ``failed``, suggested action a GPU reset. Error counters (replay,
+recovery, CRC flit, CRC data) that climb fast mean a marginal link: ``degraded``.
+docs/checks-notes/nvlink_state.md has the sources.
+
+Results: one per GPU (``gpu:<i>``, the worst of its links, link details in ``details``), plus one
+per link with a problem (``nvlink:<gpu>:<link>``: down, missing, unreadable or erroring); a link
+that had one gets an ``ok`` result (``Cleared``) when it recovers, then is quiet again. An
+8 x 18 node thus reports 8 results when healthy, not 144.
+
+Guarantees:
+
+1. Expected links per GPU: ``nvlink.links_per_gpu`` (profile or config). 0 (PCIe SKUs, cpu-only):
+   ``skipped``. A GPU reporting fewer links than expected: each missing link is down. NVML
+   reporting no NVLink at all on a GPU: ``skipped`` (``NotSupported``), the profile is wrong for
+   it and inventory says so.
+2. Boot grace: while uptime < ``nvlink.boot_grace_s`` links still train, so a down or missing
+   link is ``unknown`` (``BootGrace``), never ``failed``. Unreadable uptime: no grace.
+3. Error rates: per link and counter, increase per minute over ``[window_s, 1.1 x window_s]``
+   from snapshots taken every ``window_s / 10`` and kept in the store (a restart keeps them);
+   degraded at or above ``error_rate_per_min_degraded``. The divisor is at least one minute, so a
+   handful of errors right after start is not a storm. A counter that went backwards (GPU reset,
+   reboot) rebases the GPU's history and never alarms. No history (one-shot run, first poll):
+   only link states are judged, ``details["window"] == "instantaneous"``.
+4. NVML errors: ``GpuLost`` / ``NvmlReadError`` make that GPU ``unknown``; a link whose state
+   reads ``Unknown`` is ``unknown`` on its own target (every link: the GPU result alone);
+   unsupported counters are left out, unreadable ones leave an otherwise fine GPU ``unknown``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from gpu_monitor.check import Check, ClearTracker, Context
+from gpu_monitor.hw.nvml import GpuInfo, NvmlError, NvmlErrorKind
+from gpu_monitor.model import (
+    NODE,
+    STATUS_SEVERITY,
+    Action,
+    Kind,
+    Result,
+    Status,
+    gpu_target,
+    nvlink_target,
+)
+
+COUNTERS = ("replay", "recovery", "crc_flit", "crc_data")  # ecc_data is corrected: not judged
+_Finding = tuple[Status, str, str, Action]  # status, reason, message, action
+
+
+class NvlinkState(Check):
+    name = "nvlink_state"
+    kinds = frozenset({Kind.PASSIVE, Kind.BOOTSTRAP})
+    summary = "Every expected NVLink link up (after the boot grace) and its error-counter rates"
+    requires = frozenset({"nvml"})
+    interval = 10.0
+    timeout = 30.0
+    reasons = ("NvlinkDown", "NvlinkErrorRate", "BootGrace", "NvmlReadError", "GpuLost",
+               "NotSupported", "NoGpu")
+
+    def __init__(self) -> None:
+        self._clear = ClearTracker(self.name)
+        self._snaps: dict[str, Any] | None = None
+        self._open: set[str] | None = None
+        self._dirty = False
+
+    def poll(self, ctx: Context) -> Sequence[Result]:
+        expected = int(ctx.setting(self.name, "links_per_gpu", 0) or 0)
+        if expected <= 0:
+            return [self.result(ctx, Status.SKIPPED, NODE, "NotSupported",
+                                f"profile {ctx.profile.name} expects no NVLink")]
+        nvml = ctx.host.nvml
+        if not nvml.available():
+            return [self.result(ctx, Status.SKIPPED, NODE, "RequirementMissing",
+                                f"NVML unavailable: {nvml.unavailable_reason()}")]
+        try:
+            gpus = nvml.gpus()
+        except NvmlError as err:
+            return [self.result(ctx, Status.UNKNOWN, NODE, "NvmlReadError",
+                                f"cannot enumerate GPUs: {err}",
+                                {"nvml_error": str(err), "nvml_error_kind": err.kind.value})]
+        if not gpus:
+            return [self.result(ctx, Status.SKIPPED, NODE, "NoGpu", "NVML enumerates no GPU")]
+        self._load(ctx)
+        assert self._snaps is not None and self._open is not None
+        before = set(self._open)
+        uptime = ctx.host.procfs.uptime_s()
+        grace = float(ctx.setting(self.name, "boot_grace_s", 300))
+        common = {"links_expected": expected, "uptime_s": uptime, "boot_grace_s": grace,
+                  "in_boot_grace": uptime is not None and uptime < grace,
+                  "window_s": float(ctx.setting(self.name, "window_s", 600)),
+                  "error_rate_per_min_degraded":
+                      float(ctx.setting(self.name, "error_rate_per_min_degraded", 10))}
+        results: list[Result] = []
+        for gpu in gpus:
+            results.extend(self._gpu(ctx, gpu, common))
+        if ctx.store is not None and (self._dirty or self._open != before):
+            self._dirty = False
+            try:
+                ctx.store.set_kv(self.name, "snapshots", self._snaps)
+                ctx.store.set_kv(self.name, "link_targets", sorted(self._open))
+            except Exception as exc:  # noqa: BLE001 - history is best effort, judging is not
+                ctx.log.warning("nvlink_state: cannot persist history: %s", exc)
+        return self._clear.track(ctx, results)
+
+    # --- one GPU ---------------------------------------------------------------------------
+
+    def _gpu(self, ctx: Context, gpu: GpuInfo, common: dict[str, Any]) -> list[Result]:
+        nvml = ctx.host.nvml
+        target = gpu_target(gpu.index)
+        expected = common["links_expected"]
+        base = {"uuid": gpu.uuid, **common}
+        try:
+            if gpu.lost:
+                raise gpu.error or NvmlError(NvmlErrorKind.GPU_LOST, "nvmlDeviceGetHandle",
+                                             gpu.index)
+            states = nvml.nvlink_states(gpu.index, expected)
+            counters: dict[int, dict[str, int]] = {}
+            counter_errors: dict[int, str] = {}
+            for link, up in enumerate(states):
+                if up is None:
+                    continue
+                try:
+                    counters[link] = nvml.nvlink_errors(gpu.index, link)
+                except NvmlError as err:
+                    if err.kind is NvmlErrorKind.GPU_LOST:
+                        raise
+                    counter_errors[link] = err.kind.value
+        except NvmlError as err:
+            return [_read_error(self, ctx, target, base, err)]
+        if states and all(s is None for s in states):
+            return [self.result(ctx, Status.UNKNOWN, target, "NvmlReadError",
+                                f"no NVLink state of {target} is readable", base)]
+        if not states:
+            return [self.result(ctx, Status.SKIPPED, target, "NotSupported",
+                                f"NVML reports no NVLink on {target}; profile "
+                                f"{ctx.profile.name} expects {expected} links (wrong profile?)",
+                                {**base, "links_found": 0})]
+        rates, window = self._rates(ctx, gpu, counters, common["window_s"])
+        limit = common["error_rate_per_min_degraded"]
+        links: dict[int, _Finding] = {}
+        for link in range(expected):
+            up = states[link] if link < len(states) else False
+            if up is None:
+                links[link] = (Status.UNKNOWN, "NvmlReadError", "state unreadable", Action.NONE)
+            elif not up:
+                what = "down" if link < len(states) else "missing (GPU reports fewer links)"
+                links[link] = ((Status.UNKNOWN, "BootGrace", f"{what} during the boot grace "
+                                "(links may still be training)", Action.NONE)
+                               if common["in_boot_grace"]
+                               else (Status.FAILED, "NvlinkDown", what, Action.RESET_GPU))
+            else:
+                hot = {c: r for c, r in rates.get(link, {}).items() if r >= limit}
+                if hot:
+                    text = ", ".join(f"{c} {r:g}/min" for c, r in hot.items())
+                    links[link] = (Status.DEGRADED, "NvlinkErrorRate",
+                                   f"error rate {text} >= {limit:g}/min", Action.WATCH)
+        details = {
+            **base, "links_found": len(states),
+            "links_up": sum(1 for s in states if s),
+            "down_links": [lk for lk, s in enumerate(states) if s is False],
+            "missing_links": list(range(len(states), expected)),
+            "unknown_links": [lk for lk, s in enumerate(states) if s is None],
+            "error_rates_per_min": {str(lk): r for lk, r in rates.items() if any(r.values())},
+            "max_error_rate_per_min": max((v for r in rates.values() for v in r.values()),
+                                          default=0.0),
+            "window": window,
+        }
+        if counter_errors:
+            details["counter_errors"] = {str(lk): k for lk, k in counter_errors.items()}
+        out: list[Result] = []
+        for link, (status, reason, text, action) in sorted(links.items()):
+            lt = nvlink_target(gpu.index, link)
+            self._open.add(lt)  # type: ignore[union-attr]
+            out.append(self.result(ctx, status, lt, reason, f"NVLink {gpu.index}:{link} {text}",
+                                   {"uuid": gpu.uuid, "gpu": gpu.index, "link": link,
+                                    "error_rates_per_min": rates.get(link, {}),
+                                    "error_rate_per_min_degraded": limit,
+                                    "in_boot_grace": common["in_boot_grace"]}, action))
+        for lt in sorted(self._open or ()):  # links reported before and fine now
+            g, link = (int(x) for x in lt.split(":")[1:])
+            if g == gpu.index and link not in links:
+                self._open.discard(lt)  # type: ignore[union-attr]
+                out.append(self.ok(ctx, lt, f"NVLink {g}:{link} up, errors quiet",
+                                   {"uuid": gpu.uuid, "gpu": g, "link": link}))
+        if links:
+            status, reason, _, action = max(links.values(), key=lambda f: STATUS_SEVERITY[f[0]])
+            bad = [f"{lk} {f[2]}" for lk, f in sorted(links.items()) if f[0] is status]
+            gpu_result = self.result(ctx, status, target, reason,
+                                     f"{target} NVLink: link {'; link '.join(bad)}", details,
+                                     action)
+        elif counter_errors:
+            gpu_result = self.result(ctx, Status.UNKNOWN, target, "NvmlReadError",
+                                     f"{target}: NVLink error counters unreadable", details)
+        else:
+            gpu_result = self.ok(ctx, target, f"{details['links_up']}/{expected} links up",
+                                 details)
+        return [gpu_result, *out]
+
+    def _rates(self, ctx: Context, gpu: GpuInfo, counters: dict[int, dict[str, int]],
+               window: float) -> tuple[dict[int, dict[str, float]], str]:
+        """Per link and counter, increase per minute since the oldest snapshot in the window."""
+        assert self._snaps is not None
+        now = ctx.clock.now().timestamp()
+        spacing = window / 10
+        cur = {str(lk): [c.get(n) for n in COUNTERS] for lk, c in counters.items()}
+        entry = self._snaps.get(str(gpu.index))
+        if not isinstance(entry, dict) or entry.get("uuid") != gpu.uuid:
+            entry = {"uuid": gpu.uuid, "snaps": []}
+        snaps = [s for s in entry["snaps"] if now - window - spacing <= s[0] < now]
+        if snaps and _went_back(snaps[-1][1], cur):
+            snaps = []  # counters reset (GPU reset, reboot): rebase, never alarm
+        if not snaps or now - snaps[-1][0] >= spacing:
+            snaps.append([round(now, 3), cur])
+        self._dirty |= snaps != entry["snaps"]
+        entry["snaps"] = snaps
+        self._snaps[str(gpu.index)] = entry
+        t0, old = snaps[0]
+        if t0 >= now:
+            return {}, "instantaneous"
+        minutes = max(now - t0, 60.0) / 60
+        rates: dict[int, dict[str, float]] = {}
+        for lk, values in cur.items():
+            prev = old.get(lk) or [None] * len(COUNTERS)
+            rates[int(lk)] = {n: round((v - p) / minutes, 3)
+                              for n, v, p in zip(COUNTERS, values, prev, strict=True)
+                              if v is not None and p is not None}
+        return rates, "sliding"
+
+    def _load(self, ctx: Context) -> None:
+        if self._snaps is not None:
+            return
+        snaps: Any = None
+        links: Any = None
+        if ctx.store is not None:
+            try:
+                snaps = ctx.store.get_kv(self.name, "snapshots")
+                links = ctx.store.get_kv(self.name, "link_targets")
+            except Exception as exc:  # noqa: BLE001 - start afresh rather than not at all
+                ctx.log.warning("nvlink_state: cannot load history: %s", exc)
+        self._snaps = snaps if isinstance(snaps, dict) else {}
+        self._open = {str(t) for t in links or ()} if isinstance(links, list) else set()
+
+
+def _went_back(old: dict[str, list[int | None]], cur: dict[str, list[int | None]]) -> bool:
+    return any(p is not None and v is not None and v < p
+               for lk, values in cur.items()
+               for v, p in zip(values, old.get(lk) or [None] * len(values), strict=True))
+
+
+def _read_error(check: Check, ctx: Context, target: str, base: dict[str, Any],
+                err: NvmlError) -> Result:
+    """GpuLost -> unknown (inventory fails it); NotSupported / FunctionNotFound -> skipped;
+    any other NVML error -> unknown NvmlReadError, the kind in details."""
+    details = {**base, "nvml_error": str(err), "nvml_error_kind": err.kind.value}
+    if err.kind is NvmlErrorKind.GPU_LOST:
+        return check.result(ctx, Status.UNKNOWN, target, "GpuLost",
+                            f"{target} is lost (GPU_IS_LOST): NVLink cannot be read", details)
+    if err.kind in (NvmlErrorKind.NOT_SUPPORTED, NvmlErrorKind.FUNCTION_NOT_FOUND):
+        return check.result(ctx, Status.SKIPPED, target, "NotSupported",
+                            f"NVLink not supported on {target} ({err.kind.value})", details)
+    return check.result(ctx, Status.UNKNOWN, target, "NvmlReadError",
+                        f"cannot read NVLink of {target}: {err}", details)

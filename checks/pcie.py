@@ -1,0 +1,457 @@
+"""pcie: are the GPUs' and RDMA NICs' PCIe links trained right, clean, and placed as expected?
+
+A GPU or NIC whose link trained below its capability (x8 instead of x16, Gen3 instead of Gen5)
+runs every host transfer at a fraction of the speed, silently. Per device this check compares:
+
+- link generation and width, current vs maximum, from NVML (GPUs) and from sysfs
+  (``current_link_speed/width`` vs ``max_link_*``, GPUs and NICs), and against the profile's
+  ``pcie.gen``/``pcie.width`` for GPUs (a Gen5 GPU in a Gen4-only slot reports max = current = 4)
+  → failed ``PcieLinkDowngraded``. Note: consumer GPUs lower their link speed when idle; the
+  data-centre parts our profiles describe hold it in P0 with persistence mode, so a lower speed
+  is reported, with ``gpu_idle`` in details for the reader;
+- the NVML PCIe replay counter: its increase during the check above ``replay_increase_degraded``
+  → degraded ``PcieReplays`` (the since-load value is in details);
+- AER counters (sysfs ``aer_dev_fatal`` / ``aer_dev_nonfatal``): any increase during the check
+  → failed; fatal errors since boot → failed ``PcieAerFatal``; non-fatal since boot → degraded
+  ``PcieAerNonFatal`` (rates over time are the passive pcie_aer check's job);
+- topology, when the profile sets them: each GPU's NUMA node vs ``pcie.gpu_numa`` and its
+  nearest RDMA NIC vs ``pcie.gpu_nic`` → degraded ``PcieTopologyMismatch``;
+- pinned H2D/D2H copy bandwidth vs ``pcie.h2d_floor_gb_per_s``/``d2h_floor_gb_per_s`` (warning
+  band above it → degraded): one torch worker subprocess (gpu_monitor/workers) copies
+  ``copy_bytes`` × ``repeats`` each way per GPU, one GPU after another (so the host's memory
+  bandwidth is not shared), takes the median, and verifies the round-tripped data
+  (``PcieCopyMismatch``). Only on CUDA devices: where the workers run on the CPU (the simulated
+  node) or torch is missing, or another process holds a GPU, one ``skipped``
+  ``CopyTestSkipped`` result says why — never a made-up number. A worker that hangs or crashes
+  gives ``unknown`` (``WorkerTimeout``/``WorkerCrashed``).
+
+Targets: a GPU's findings name the GPU (``gpu:<i>``, the unit that is reset or replaced; its
+``pci_bus_id`` is in details); a NIC's name its PCI function (``pcie:<address>``, with the RDMA
+device names in details), since one NIC function can carry several ports.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_monitor.check import Check, Context
+from gpu_monitor.hw.nvml import GpuInfo, NvmlError, NvmlErrorKind
+from gpu_monitor.hw.sysfs import PciDevice, pcie_gen
+from gpu_monitor.model import (
+    ACTION_SEVERITY,
+    NODE,
+    STATUS_SEVERITY,
+    Action,
+    Kind,
+    Result,
+    Status,
+    canonical_pci,
+    gpu_target,
+    pcie_target,
+)
+from gpu_monitor.workers.pool import WORKER_REASONS, DeviceRef, Task, WorkerPool
+
+_ABSENT = (NvmlErrorKind.NOT_SUPPORTED, NvmlErrorKind.FUNCTION_NOT_FOUND)
+_GPU_IDLE = 0x1  # nvmlClocksEventReasonGpuIdle
+
+
+@dataclass
+class _Findings:
+    problems: list[tuple[Status, str, str, Action]] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+    def add(self, status: Status, reason: str, message: str,
+            action: Action = Action.NONE) -> None:
+        self.problems.append((status, reason, message, action))
+
+
+@dataclass(frozen=True)
+class _Nic:
+    address: str
+    devices: tuple[str, ...]
+    numa_node: int | None
+
+
+def copy_worker(ctx: Any) -> dict[str, Any]:
+    """Worker side (runs in a torch subprocess): pinned H2D and D2H copies per device, one
+    device after another, timed around a device synchronisation, then a data check of the
+    round trip."""
+    import torch
+
+    count = max(1, int(ctx.args["copy_bytes"]) // 4)
+    repeats = max(1, int(ctx.args["repeats"]))
+    out = []
+    for _turn in ctx.turns():
+        for dev in ctx.devices:
+            ctx.step(f"pinned copies gpu:{dev.index}")
+            pin = dev.is_cuda
+            key = (dev.index * 0x9E3779B1 + 0x7F4A7C15) & 0x7FFFFFFF
+            host = torch.bitwise_xor(torch.arange(count, dtype=torch.int32), key)
+            host = host.pin_memory() if pin else host
+            back = torch.empty(count, dtype=torch.int32, pin_memory=pin)
+            buf = torch.empty(count, dtype=torch.int32, device=dev.torch)
+            buf.copy_(host)  # warm-up: allocator, mappings
+            back.copy_(buf)
+            h2d, d2h = [], []
+            for _ in range(repeats):
+                buf.fill_(-1)  # a copy that does nothing must not pass
+                t0 = dev.now()
+                buf.copy_(host, non_blocking=pin)
+                h2d.append(dev.now() - t0)
+                back.fill_(-1)
+                t0 = dev.now()
+                back.copy_(buf, non_blocking=pin)
+                d2h.append(dev.now() - t0)
+            dev.synchronize()
+            mismatches = int((back != host).sum())
+            nbytes = count * 4
+            out.append({
+                "index": dev.index, "bytes": nbytes, "h2d_times_s": h2d, "d2h_times_s": d2h,
+                "h2d_gb_per_s": nbytes / max(statistics.median(h2d), 1e-12) / 1e9,
+                "d2h_gb_per_s": nbytes / max(statistics.median(d2h), 1e-12) / 1e9,
+                "mismatches": mismatches, "pinned": pin,
+            })
+            del host, back, buf
+    return {"copies": out}
+
+
+class Pcie(Check):
+    name = "pcie"
+    kinds = frozenset({Kind.BOOTSTRAP})
+    summary = "PCIe link gen/width, replays, AER, NUMA/NIC placement and H2D/D2H bandwidth"
+    requires = frozenset({"nvml"})
+    timeout = 300.0
+    reasons = (
+        "PcieLinkDowngraded",
+        "PcieReplays",
+        "PcieAerFatal",
+        "PcieAerNonFatal",
+        "PcieTopologyMismatch",
+        "CopyBandwidthLow",
+        "CopyBandwidthNearFloor",
+        "PcieCopyMismatch",
+        "CopyTestSkipped",
+        "NvmlReadError",
+        "SysfsReadError",
+        *WORKER_REASONS,
+    )
+
+    def run(self, ctx: Context) -> Sequence[Result]:
+        nvml, sysfs = ctx.host.nvml, ctx.host.sysfs
+        try:
+            gpus = nvml.gpus()
+        except NvmlError as exc:
+            return [self.result(ctx, Status.UNKNOWN, NODE, "NvmlReadError",
+                                f"cannot enumerate GPUs: {exc}", {"nvml_error": str(exc)})]
+        nics = _nics(ctx)
+        gpu_devs = {g.index: _pci(ctx, g.pci_bus_id) for g in gpus}
+        nic_devs = {n.address: sysfs.pci_device(n.address) for n in nics}
+        replays_before = {g.index: _replays(ctx, g.index) for g in gpus if not g.lost}
+
+        results: list[Result] = []
+        copies = self._copy_bandwidth(ctx, gpus, results)  # the counters bracket this load
+
+        for gpu in gpus:
+            results.append(self._gpu(ctx, gpu, gpu_devs[gpu.index], nics,
+                                     replays_before.get(gpu.index), copies.get(gpu.index)))
+        for nic in nics:
+            results.append(self._nic(ctx, nic, nic_devs[nic.address]))
+        return results
+
+    # --- GPUs ----------------------------------------------------------------------------------
+
+    def _gpu(self, ctx: Context, gpu: GpuInfo, before: PciDevice | None, nics: list[_Nic],
+             replays_before: int | None, copy: dict[str, Any] | None) -> Result:
+        target = gpu_target(gpu.index)
+        f = _Findings(details={"uuid": gpu.uuid, "pci_bus_id": gpu.pci_bus_id})
+        if gpu.lost:
+            return self.result(ctx, Status.UNKNOWN, target, "NvmlReadError",
+                               f"{target} is lost (NVML GPU_IS_LOST)", f.details)
+        nvml = ctx.host.nvml
+        want_gen, want_width = ctx.setting(self.name, "gen"), ctx.setting(self.name, "width")
+        try:
+            link = nvml.pcie_link(gpu.index)
+        except NvmlError as exc:
+            link = None
+            if exc.kind not in _ABSENT:
+                f.errors.append(str(exc))
+        now = _pci(ctx, gpu.pci_bus_id)
+        if link is not None:
+            f.details.update({"link_gen": link.gen, "link_gen_max": link.max_gen,
+                              "link_width": link.width, "link_width_max": link.max_width,
+                              "expected_gen": want_gen, "expected_width": want_width})
+            low = []
+            if link.gen < link.max_gen or (want_gen and link.max_gen < int(want_gen)):
+                low.append(f"Gen{link.gen} (max Gen{link.max_gen}"
+                           + (f", profile Gen{want_gen})" if want_gen else ")"))
+            if link.width < link.max_width or (want_width and link.max_width < int(want_width)):
+                low.append(f"x{link.width} (max x{link.max_width}"
+                           + (f", profile x{want_width})" if want_width else ")"))
+            if low:
+                f.details["gpu_idle"] = _idle(ctx, gpu.index)
+                f.add(Status.FAILED, "PcieLinkDowngraded",
+                      f"PCIe link trained below its capability: {', '.join(low)}")
+        self._sysfs_link(f, now)
+        self._aer(f, before, now)
+        self._replays(ctx, f, gpu.index, replays_before)
+        self._topology(ctx, f, gpu, now, nics)
+        if copy is not None:
+            self._copy(ctx, f, copy)
+        return self._verdict(ctx, target, f)
+
+    def _replays(self, ctx: Context, f: _Findings, index: int, before: int | None) -> None:
+        after = _replays(ctx, index)
+        if after is None:
+            return
+        limit = int(ctx.setting(self.name, "replay_increase_degraded", 80))
+        f.details.update({"replay_counter": after, "replay_increase_degraded": limit})
+        if before is None:
+            return
+        increase = max(0, after - before)
+        f.details["replay_increase"] = increase
+        if increase > limit:
+            f.add(Status.DEGRADED, "PcieReplays",
+                  f"{increase} PCIe replays during the check (> {limit})", Action.WATCH)
+
+    def _topology(self, ctx: Context, f: _Findings, gpu: GpuInfo, dev: PciDevice | None,
+                  nics: list[_Nic]) -> None:
+        numa = _numa(ctx, gpu.index, dev)
+        f.details["numa_node"] = numa
+        want_numa = _nth(ctx.setting(self.name, "gpu_numa"), gpu.index)
+        if want_numa is not None:
+            f.details["expected_numa_node"] = want_numa
+            if numa is not None and numa != int(want_numa):
+                f.add(Status.DEGRADED, "PcieTopologyMismatch",
+                      f"on NUMA node {numa}, profile expects {want_numa}", Action.WATCH)
+        nearest = _nearest_nic(gpu.pci_bus_id, numa, nics)
+        f.details["nearest_nic"] = nearest
+        want_nic = _nth(ctx.setting(self.name, "gpu_nic"), gpu.index)
+        if want_nic is not None:
+            f.details["expected_nic"] = want_nic
+            if nearest is not None and want_nic != nearest:
+                f.add(Status.DEGRADED, "PcieTopologyMismatch",
+                      f"nearest RDMA NIC is {nearest}, profile expects {want_nic}", Action.WATCH)
+
+    # --- NICs ----------------------------------------------------------------------------------
+
+    def _nic(self, ctx: Context, nic: _Nic, before: PciDevice | None) -> Result:
+        target = pcie_target(nic.address)
+        f = _Findings(details={"pci_address": nic.address, "rdma_devices": list(nic.devices),
+                               "numa_node": nic.numa_node})
+        now = ctx.host.sysfs.pci_device(nic.address)
+        if now is None:
+            return self.result(ctx, Status.UNKNOWN, target, "SysfsReadError",
+                               f"{target} ({', '.join(nic.devices)}) vanished from sysfs",
+                               f.details)
+        self._sysfs_link(f, now, f"NIC {', '.join(nic.devices)}: ")
+        self._aer(f, before, now)
+        return self._verdict(ctx, target, f)
+
+    # --- shared --------------------------------------------------------------------------------
+
+    @staticmethod
+    def _sysfs_link(f: _Findings, dev: PciDevice | None, label: str = "") -> None:
+        """Judge the sysfs current vs max link speed and width."""
+        if dev is None:
+            return
+        f.errors += [str(e) for e in dev.errors]
+        f.details.update({
+            "sysfs_link_speed_gts": dev.current_link_speed_gts,
+            "sysfs_link_speed_gts_max": dev.max_link_speed_gts,
+            "sysfs_link_width": dev.current_link_width,
+            "sysfs_link_width_max": dev.max_link_width,
+        })
+        low = []
+        if dev.speed_downgraded:
+            gen = pcie_gen(dev.current_link_speed_gts)
+            low.append(f"{dev.current_link_speed_gts:g} GT/s (Gen{gen}) of "
+                       f"{dev.max_link_speed_gts:g} GT/s")
+        if dev.width_downgraded:
+            low.append(f"x{dev.current_link_width} of x{dev.max_link_width}")
+        if low and not any(p[1] == "PcieLinkDowngraded" for p in f.problems):
+            f.add(Status.FAILED, "PcieLinkDowngraded",
+                  f"{label}PCIe link trained below its capability: {', '.join(low)}")
+
+    @staticmethod
+    def _aer(f: _Findings, before: PciDevice | None, now: PciDevice | None) -> None:
+        if now is None:
+            return
+        for kind, attr in (("fatal", "aer_fatal"), ("nonfatal", "aer_nonfatal"),
+                           ("correctable", "aer_correctable")):
+            counters = getattr(now, attr)
+            if counters is None:
+                continue
+            f.details[f"aer_{kind}_total"] = counters.total
+            old = getattr(before, attr, None) if before is not None else None
+            if kind != "correctable" and old is not None and counters.total > old.total:
+                f.add(Status.FAILED, "PcieAerFatal" if kind == "fatal" else "PcieAerNonFatal",
+                      f"{counters.total - old.total} {kind} AER error(s) during the check")
+            elif kind == "fatal" and counters.total > 0:
+                f.add(Status.FAILED, "PcieAerFatal",
+                      f"{counters.total} fatal AER error(s) since boot")
+            elif kind == "nonfatal" and counters.total > 0:
+                f.add(Status.DEGRADED, "PcieAerNonFatal",
+                      f"{counters.total} non-fatal AER error(s) since boot", Action.WATCH)
+
+    def _copy_bandwidth(self, ctx: Context, gpus: list[GpuInfo],
+                        results: list[Result]) -> dict[int, dict[str, Any]]:
+        """Per GPU index, the worker's copy record; appends a node result when not measured."""
+        refs = [DeviceRef(g.index, g.uuid) for g in gpus if not g.lost]
+        if not refs:
+            return {}
+        device_type = ctx.host.worker.device_type
+        details = {"h2d_floor_gb_per_s": ctx.setting(self.name, "h2d_floor_gb_per_s"),
+                   "d2h_floor_gb_per_s": ctx.setting(self.name, "d2h_floor_gb_per_s"),
+                   "device_type": device_type}
+        why = ""
+        if device_type != "cuda":
+            why = (f"H2D/D2H pinned copy bandwidth needs CUDA devices; this host's workers run "
+                   f"on {device_type!r}")
+        elif ctx.host.unmet({"torch"}):
+            why = f"H2D/D2H copy bandwidth not measured: {ctx.host.unmet({'torch'})}"
+        elif not ctx.force:
+            holders = ctx.host.gpu_holders()
+            if holders:
+                names = ", ".join(f"pid {h.pid} ({h.name}) on gpu:{h.gpu_index}"
+                                  for h in holders[:8])
+                why = f"H2D/D2H copy bandwidth not measured: GPUs in use by {names}"
+        if why:
+            results.append(self.result(ctx, Status.SKIPPED, NODE, "CopyTestSkipped", why,
+                                       details))
+            return {}
+        args = {"copy_bytes": int(ctx.setting(self.name, "copy_bytes", 256 << 20)),
+                "repeats": int(ctx.setting(self.name, "repeats", 5))}
+        timeout = float(ctx.setting(self.name, "copy_timeout_s", 120.0))
+        task = Task("checks.pcie:copy_worker", tuple(refs), args, label="pcie copies")
+        (outcome,) = WorkerPool(ctx.host.worker).run([task], timeout_s=timeout, rounds=1)
+        if not outcome.ok or not outcome.value:
+            results.append(self.result(
+                ctx, Status.UNKNOWN, NODE, outcome.reason,
+                f"H2D/D2H copy test did not finish: {outcome.message}",
+                {**details, **outcome.details}))
+            return {}
+        return {int(c["index"]): c for c in outcome.value.get("copies", [])}
+
+    def _copy(self, ctx: Context, f: _Findings, copy: dict[str, Any]) -> None:
+        band = float(ctx.setting(self.name, "warning_band", 0.05) or 0.0)
+        f.details["copy_bytes"] = copy["bytes"]
+        if copy.get("mismatches"):
+            f.add(Status.FAILED, "PcieCopyMismatch",
+                  f"{copy['mismatches']} words differ after a host-GPU-host round trip",
+                  Action.RESET_GPU)
+        for way in ("h2d", "d2h"):
+            gbps = round(float(copy[f"{way}_gb_per_s"]), 3)
+            floor = ctx.setting(self.name, f"{way}_floor_gb_per_s")
+            f.details[f"{way}_gb_per_s"] = gbps
+            f.details[f"{way}_floor_gb_per_s"] = floor
+            if floor is None:
+                continue
+            floor = float(floor)
+            if gbps < floor:
+                f.add(Status.FAILED, "CopyBandwidthLow",
+                      f"pinned {way.upper()} copy {gbps:g} GB/s is below the floor {floor:g} GB/s")
+            elif gbps < floor * (1 + band):
+                f.add(Status.DEGRADED, "CopyBandwidthNearFloor",
+                      f"pinned {way.upper()} copy {gbps:g} GB/s is within {band:.0%} of the "
+                      f"floor {floor:g} GB/s", Action.WATCH)
+
+    def _verdict(self, ctx: Context, target: str, f: _Findings) -> Result:
+        details = dict(f.details)
+        if f.errors:
+            details["read_errors"] = f.errors
+        if f.problems:
+            details["problems"] = [{"status": str(s), "reason": r, "message": m}
+                                   for s, r, m, _ in f.problems]
+        worst = max(f.problems, key=lambda p: (STATUS_SEVERITY[p[0]], ACTION_SEVERITY[p[3]]),
+                    default=None)
+        message = f"{target}: " + "; ".join(p[2] for p in f.problems)
+        if worst is not None and worst[0] is Status.FAILED:
+            return self.result(ctx, Status.FAILED, target, worst[1], message, details, worst[3])
+        if f.errors:
+            reason = "NvmlReadError" if any("nvml" in e.lower() for e in f.errors) \
+                else "SysfsReadError"
+            return self.result(ctx, Status.UNKNOWN, target, reason,
+                               f"{target}: read failed: {'; '.join(f.errors)}", details)
+        if worst is not None:
+            return self.result(ctx, worst[0], target, worst[1], message, details, worst[3])
+        return self.ok(ctx, target, "PCIe link at full generation and width, no AER errors",
+                       details)
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+
+def _pci(ctx: Context, address: str | None) -> PciDevice | None:
+    if not address:
+        return None
+    try:
+        return ctx.host.sysfs.pci_device(address)
+    except ValueError:
+        return None
+
+
+def _replays(ctx: Context, index: int) -> int | None:
+    try:
+        return ctx.host.nvml.pcie_replay_counter(index)
+    except NvmlError:
+        return None
+
+
+def _idle(ctx: Context, index: int) -> bool | None:
+    try:
+        return bool(ctx.host.nvml.clock_event_reasons(index) & _GPU_IDLE)
+    except NvmlError:
+        return None
+
+
+def _numa(ctx: Context, index: int, dev: PciDevice | None) -> int | None:
+    try:
+        node = ctx.host.nvml.numa_node(index)
+    except NvmlError:
+        node = None
+    if node is None and dev is not None:
+        node = dev.numa_node
+    return node
+
+
+def _nth(values: Any, index: int) -> Any:
+    if not values or index >= len(values):
+        return None
+    return values[index]
+
+
+def _nics(ctx: Context) -> list[_Nic]:
+    """RDMA NIC PCI functions, each with the RDMA device names it carries."""
+    by_addr: dict[str, list[str]] = {}
+    numa: dict[str, int | None] = {}
+    for port in ctx.host.sysfs.infiniband_ports():
+        if not port.pci_address:
+            continue  # software RDMA (rxe, siw) has no PCIe link of its own
+        names = by_addr.setdefault(port.pci_address, [])
+        if port.device not in names:
+            names.append(port.device)
+        numa[port.pci_address] = port.numa_node
+    return [_Nic(a, tuple(d), numa.get(a)) for a, d in sorted(by_addr.items())]
+
+
+def _nearest_nic(gpu_address: str | None, numa: int | None, nics: list[_Nic]) -> str | None:
+    """The RDMA device closest to the GPU: same PCI domain and NUMA node, nearest bus number.
+
+    On HGX boards a GPU and its NIC sit behind the same PCIe switch, so their bus numbers are
+    neighbours (GPU 0000:53:00.0 and NIC 0000:4f:00.0). This is a heuristic; sysfs exposes no
+    switch hierarchy through the reader yet.
+    """
+    if not gpu_address or not nics:
+        return None
+    addr = canonical_pci(gpu_address)
+    domain, bus = addr[:4], int(addr[5:7], 16)
+    candidates = [n for n in nics if n.address[:4] == domain
+                  and (numa is None or n.numa_node is None or n.numa_node == numa)]
+    if not candidates:
+        return None
+    best = min(candidates, key=lambda n: (abs(int(n.address[5:7], 16) - bus), n.address))
+    return best.devices[0]

@@ -1,0 +1,261 @@
+"""throttle: how much of the last window HW slowdown held each GPU's clocks down.
+
+Why a window: a HW slowdown bit seen once is a moment, not a fault; a GPU that spends minutes of
+every ten at half clock or less slows every job on the node. SW power cap, SW thermal slowdown,
+idle, application clocks, sync boost, display clocks and the legacy board-limit / reliability
+bits are normal operation: they are reported (``active_events``), never judged.
+
+Evidence per fault event (docs/checks-notes/throttle.md has the sources):
+
+- ``hw_slowdown`` (0x8) and ``hw_power_brake`` (0x80): sampled clock-event bitmasks. No
+  ``nvmlDeviceGetViolationStatus`` perf policy isolates them; the *power* policy is the SW power
+  cap's counter (nvml.h aliases ``NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP`` to it), board
+  limit and reliability are other limiters.
+- ``hw_thermal_slowdown`` (0x40): the sampled bit, refined by the *thermal* policy's cumulative
+  violation time. That counter also counts SW thermal slowdown, so it only measures how long an
+  interval in which the HW bit was seen was really held down; it never erases sampled evidence
+  (a counter that did not grow or went backwards leaves the sampled estimate).
+
+Guarantees:
+
+1. Each poll adds one sample per GPU (``ctx.clock`` time, bitmask, thermal counter) to the
+   store's key/value table (``throttle/samples``), so a restart keeps the window.
+2. Between consecutive samples ``a``, ``b`` at most ``max(3 * interval, 60 s)`` apart an event is
+   credited ``(b - a) * (bits seen at a and b) / 2``; a longer gap was not observed and credits
+   nothing. Credit is clipped to ``[now - window_s, now]``.
+3. ``active_fraction = credited seconds / window_s``; unobserved time counts as not throttled.
+   Degraded at or above ``degraded_fraction``, failed at or above ``failed_fraction``.
+4. No sample in the window (a one-shot run, the first poll): the instantaneous sample is judged,
+   an active HW event is ``degraded`` (one sample cannot show "sustained"); until the window is
+   fully observed an event active now keeps at least ``degraded``. ``details["window"]`` says
+   which: ``instantaneous``, ``partial`` or ``sliding``.
+5. History is per GPU index and restarts when the GPU's UUID changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from gpu_monitor.check import Check, ClearTracker, Context
+from gpu_monitor.hw.nvml import GpuInfo, NvmlError, NvmlErrorKind
+from gpu_monitor.model import NODE, STATUS_SEVERITY, Action, Kind, Result, Status, gpu_target
+
+#: nvmlClocksEventReason* bits by the name used in details and as the metrics ``event`` label.
+EVENT_BITS: dict[str, int] = {
+    "gpu_idle": 0x1,
+    "applications_clocks": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake": 0x80,
+    "display_clocks": 0x100,
+    "board_limit": 0x200,  # legacy nvmlClocksThrottleReason* bits
+    "reliability": 0x400,
+}
+#: The events that are hardware faults, and their reasons.
+FAULT_EVENTS: dict[str, str] = {
+    "hw_slowdown": "HwSlowdown",
+    "hw_thermal_slowdown": "HwThermalSlowdown",
+    "hw_power_brake": "HwPowerBrake",
+}
+#: The event the stored violation counter (sample field 2, NVML perf policy "thermal") refines.
+COUNTER_EVENT = "hw_thermal_slowdown"
+# Equal severity names the specific cause before the umbrella HW slowdown bit it comes with.
+_SPECIFIC_FIRST = ("hw_thermal_slowdown", "hw_power_brake", "hw_slowdown")
+_MAX_SAMPLES = 2000  # per GPU; bounds the stored history however short the poll interval
+
+
+def window_credit(samples: Sequence[Sequence[Any]], start: float, max_gap_s: float
+                  ) -> tuple[dict[str, float], float]:
+    """Seconds each fault event was active within ``[start, last sample]``, and seconds
+    observed. ``samples``: ``[time_s, bitmask, thermal_violation_ns | None]`` in time order."""
+    credit = dict.fromkeys(FAULT_EVENTS, 0.0)
+    observed = 0.0
+    for a, b in zip(samples, samples[1:], strict=False):
+        length = b[0] - a[0]
+        if length <= 0 or length > max_gap_s or b[0] <= start:
+            continue
+        share = (b[0] - max(a[0], start)) / length
+        observed += length * share
+        for event in FAULT_EVENTS:
+            bit = EVENT_BITS[event]
+            seen = bool(a[1] & bit) + bool(b[1] & bit)
+            if not seen:
+                continue
+            part = length * seen / 2
+            if event == COUNTER_EVENT and a[2] is not None and b[2] is not None:
+                grown_s = (b[2] - a[2]) / 1e9
+                if grown_s > 0:
+                    part = min(length, grown_s)
+            credit[event] += part * share
+    return credit, observed
+
+
+class Throttle(Check):
+    name = "throttle"
+    kinds = frozenset({Kind.PASSIVE, Kind.BOOTSTRAP})
+    summary = ("Fraction of a sliding window each GPU spent in HW slowdown, HW thermal slowdown "
+               "or HW power brake (SW power cap and idle are never faults)")
+    requires = frozenset({"nvml"})
+    interval = 10.0
+    timeout = 30.0
+    reasons = ("HwSlowdown", "HwThermalSlowdown", "HwPowerBrake", "NvmlReadError", "GpuLost",
+               "NotSupported", "NoGpu")
+
+    def __init__(self) -> None:
+        self._clear = ClearTracker(self.name)
+        self._hist: dict[str, dict[str, Any]] | None = None
+
+    def poll(self, ctx: Context) -> Sequence[Result]:
+        nvml = ctx.host.nvml
+        if not nvml.available():
+            return [self.result(ctx, Status.SKIPPED, NODE, "RequirementMissing",
+                                f"NVML unavailable: {nvml.unavailable_reason()}")]
+        try:
+            gpus = nvml.gpus()
+        except NvmlError as err:
+            return [self.result(ctx, Status.UNKNOWN, NODE, "NvmlReadError",
+                                f"cannot enumerate GPUs: {err}",
+                                {"nvml_error": str(err), "nvml_error_kind": err.kind.value})]
+        if not gpus:
+            return [self.result(ctx, Status.SKIPPED, NODE, "NoGpu", "NVML enumerates no GPU")]
+        hist = self._load(ctx)
+        results = [self._judge(ctx, gpu, hist) for gpu in gpus]
+        if ctx.store is not None:
+            try:
+                ctx.store.set_kv(self.name, "samples", hist)
+            except Exception as exc:  # noqa: BLE001 - the window is best effort, judging is not
+                ctx.log.warning("throttle: cannot persist samples: %s", exc)
+        return self._clear.track(ctx, results)
+
+    # --- one GPU ---------------------------------------------------------------------------
+
+    def _judge(self, ctx: Context, gpu: GpuInfo, hist: dict[str, dict[str, Any]]) -> Result:
+        nvml = ctx.host.nvml
+        target = gpu_target(gpu.index)
+        base: dict[str, Any] = {"uuid": gpu.uuid}
+        if gpu.lost:
+            return _read_error(self, ctx, target, base, gpu.error, "the GPU")
+        try:
+            mask = nvml.clock_event_reasons(gpu.index)
+        except NvmlError as err:
+            return _read_error(self, ctx, target, base, err, "clock event reasons")
+        thermal_ns: int | None = None
+        try:
+            thermal_ns = nvml.violation_ns(gpu.index, "thermal").violation_ns
+        except NvmlError as err:
+            if err.kind is NvmlErrorKind.GPU_LOST:
+                return _read_error(self, ctx, target, base, err, "violation time")
+            base["violation_counter_error"] = err.kind.value
+
+        window = float(ctx.setting(self.name, "window_s", 600))
+        deg = float(ctx.setting(self.name, "degraded_fraction", 0.05))
+        fail = float(ctx.setting(self.name, "failed_fraction", 0.25))
+        interval = float(ctx.setting(self.name, "interval_s", self.interval) or self.interval)
+        max_gap = max(3 * interval, 60.0)
+        now = ctx.clock.now().timestamp()
+        entry = hist.get(str(gpu.index))
+        if entry is None or entry.get("uuid") != gpu.uuid:
+            entry = {"uuid": gpu.uuid, "samples": []}
+        # A sample from the future (the clock stepped back) cannot bound an interval.
+        samples = [s for s in entry["samples"] if s[0] < now]
+        samples.append([round(now, 3), mask, thermal_ns])
+        older = [i for i, s in enumerate(samples) if s[0] < now - window]
+        samples = samples[older[-1]:] if older else samples
+        entry["samples"] = samples[-_MAX_SAMPLES:]
+        hist[str(gpu.index)] = entry
+        credit, observed = window_credit(entry["samples"], now - window, max_gap)
+
+        mode = ("instantaneous" if observed <= 0
+                else "partial" if observed < window - max_gap else "sliding")
+        findings: list[tuple[Status, str]] = []
+        for event in FAULT_EVENTS:
+            active_now = bool(mask & EVENT_BITS[event])
+            fraction = credit[event] / window
+            status = (Status.FAILED if fraction >= fail and mode != "instantaneous"
+                      else Status.DEGRADED if fraction >= deg and mode != "instantaneous"
+                      else Status.OK)
+            if status is Status.OK and active_now and mode != "sliding":
+                status = Status.DEGRADED
+            findings.append((status, event))
+        status, event = max(findings, key=lambda f: (STATUS_SEVERITY[f[0]],
+                                                     -_SPECIFIC_FIRST.index(f[1])))
+        active = [name for name, bit in EVENT_BITS.items() if mask & bit]
+        details = {
+            **base,
+            "active_events": active,
+            "clock_event_reasons": mask,
+            "active_fraction": {e: None if mode == "instantaneous"
+                                else round(credit[e] / window, 4) for e in FAULT_EVENTS},
+            "active_s": {e: round(credit[e], 3) for e in FAULT_EVENTS},
+            "fraction_source": {e: "violation_counter" if e == COUNTER_EVENT and thermal_ns
+                                is not None else "sampled_bitmask" for e in FAULT_EVENTS},
+            "window": mode,
+            "window_s": window,
+            "observed_s": round(observed, 3),
+            "degraded_fraction": deg,
+            "failed_fraction": fail,
+        }
+        unknown_bits = mask & ~sum(EVENT_BITS.values())
+        if unknown_bits:
+            details["unknown_event_bits"] = hex(unknown_bits)
+        if status is Status.OK:
+            others = [e for e in active if e not in FAULT_EVENTS]
+            note = f"; not faults: {', '.join(others)}" if others else ""
+            return self.ok(ctx, target, f"no HW slowdown over {_span(mode, observed)}{note}",
+                           details)
+        if mode == "instantaneous":
+            message = (f"{event} active now on {target} (instantaneous sample, no history: a "
+                       "window is needed to tell a blip from a sustained slowdown)")
+        else:
+            message = (f"{event} active {credit[event]:.0f} s of the last {window:.0f} s on "
+                       f"{target} ({credit[event] / window:.1%}; degraded at {deg:.0%}, failed "
+                       f"at {fail:.0%}; {mode} window, {observed:.0f} s observed)")
+        action = Action.REPLACE if status is Status.FAILED else Action.WATCH
+        return self.result(ctx, status, target, FAULT_EVENTS[event], message, details, action)
+
+    def _load(self, ctx: Context) -> dict[str, dict[str, Any]]:
+        if self._hist is None:
+            stored: Any = None
+            if ctx.store is not None:
+                try:
+                    stored = ctx.store.get_kv(self.name, "samples")
+                except Exception as exc:  # noqa: BLE001 - start a fresh window instead
+                    ctx.log.warning("throttle: cannot load samples: %s", exc)
+            self._hist = {}
+            for key, entry in (stored or {}).items() if isinstance(stored, dict) else ():
+                samples = entry.get("samples") if isinstance(entry, dict) else None
+                good = [list(s) for s in samples or () if _valid_sample(s)]
+                self._hist[str(key)] = {"uuid": entry.get("uuid") if good else None,
+                                        "samples": sorted(good, key=lambda s: s[0])}
+        return self._hist
+
+
+def _valid_sample(s: Any) -> bool:
+    return (isinstance(s, (list, tuple)) and len(s) == 3
+            and isinstance(s[0], (int, float)) and isinstance(s[1], int)
+            and (s[2] is None or isinstance(s[2], int)))
+
+
+def _span(mode: str, observed: float) -> str:
+    return "the instantaneous sample" if mode == "instantaneous" else f"{observed:.0f} s observed"
+
+
+def _read_error(check: Check, ctx: Context, target: str, base: dict[str, Any],
+                err: NvmlError | None, what: str) -> Result:
+    """GpuLost -> unknown (inventory fails it); NotSupported / FunctionNotFound -> skipped;
+    any other NVML error -> unknown NvmlReadError, the kind in details."""
+    kind = err.kind if err is not None else NvmlErrorKind.GPU_LOST
+    details = {**base, "nvml_error": str(err) if err else "GPU_IS_LOST",
+               "nvml_error_kind": kind.value}
+    if kind is NvmlErrorKind.GPU_LOST:
+        return check.result(ctx, Status.UNKNOWN, target, "GpuLost",
+                            f"{target} is lost (GPU_IS_LOST): {what} cannot be read", details)
+    if kind in (NvmlErrorKind.NOT_SUPPORTED, NvmlErrorKind.FUNCTION_NOT_FOUND):
+        return check.result(ctx, Status.SKIPPED, target, "NotSupported",
+                            f"{what} not supported on {target} ({kind.value})", details)
+    return check.result(ctx, Status.UNKNOWN, target, "NvmlReadError",
+                        f"cannot read {what} of {target}: {err}", details)

@@ -1,0 +1,125 @@
+"""Fast one-shot scan of a saved kernel log for the records that mention a keyword.
+
+Why: ``gpu-monitor check xid --kmsg FILE`` on a 1 GiB log must run at a good fraction of
+``grep``'s speed, and decoding every line into a ``KmsgRecord`` (``iter_file``) runs at tens of
+MB/s. Almost every line of such a log is irrelevant, so this reader finds the keywords with
+``mmap.find`` (memchr speed) over the mapped file and decodes only the records around a hit.
+Anything that cannot be mapped (a FIFO, an empty file) is read through ``iter_file``.
+
+Contract: for every record of ``iter_file(path)`` whose raw text contains one of ``needles``,
+``iter_matching(path, needles)`` yields an equal record (same ``line_no``, message,
+continuation, fields, times), in file order. It may also yield a few neighbouring records (a
+malformed head line leaves its indented lines as records of their own, as ``iter_file`` does);
+callers filter by content anyway. Records are assembled by the kernel-log module's own line
+assembler, so shapes and continuation handling cannot drift from ``iter_file``.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections.abc import Iterable, Iterator
+
+from gpu_monitor.hw.kmsg import MAX_LINE_BYTES, KmsgRecord, _Assembler, iter_file
+
+_WS = (0x20, 0x09)  # a line starting with one of these continues the record before it
+_NL = (0x0A, 0x0D)
+_COUNT_SLICE = 64 * 1024 * 1024  # newlines are counted in slices of the map this big
+
+
+class ScanStats:
+    """How much was read: ``lines`` (newline-terminated, plus an unterminated last one)."""
+
+    def __init__(self) -> None:
+        self.lines = 0
+        self.bytes = 0
+
+
+def _is_cont_or_blank(buf, start: int, end: int) -> bool:
+    """The line buf[start:end] is blank or begins with whitespace (belongs to the record above)."""
+    if start >= end:
+        return True
+    first = buf[start]
+    return first in _WS or first in _NL or buf[start:end].isspace()
+
+
+def _line_end(buf, pos: int, size: int) -> int:
+    nl = buf.find(b"\n", pos)
+    return size if nl < 0 else nl
+
+
+def _record_end(buf, start: int, size: int) -> int:
+    """Offset just past the record starting at ``start`` (head line plus continuations)."""
+    pos = _line_end(buf, start, size) + 1
+    while pos < size:
+        end = _line_end(buf, pos, size)
+        if not _is_cont_or_blank(buf, pos, end):
+            break
+        pos = end + 1
+    return min(pos, size)
+
+
+def _heads(buf, size: int, needles: tuple[bytes, ...]) -> list[int]:
+    """Start offsets of the records that hold a needle, ascending, unique."""
+    heads: set[int] = set()
+    for needle in needles:
+        pos = buf.find(needle)
+        while pos >= 0:
+            start = buf.rfind(b"\n", 0, pos) + 1
+            # Walk back over continuation and blank lines to the record's head line.
+            while start > 0 and _is_cont_or_blank(buf, start, _line_end(buf, start, size)):
+                start = buf.rfind(b"\n", 0, start - 1) + 1
+            heads.add(start)
+            pos = buf.find(needle, max(_record_end(buf, start, size), pos + 1))
+    return sorted(heads)
+
+
+def _count_newlines(buf, lo: int, hi: int) -> int:
+    n = 0
+    while lo < hi:
+        step = min(hi, lo + _COUNT_SLICE)
+        n += buf[lo:step].count(b"\n")
+        lo = step
+    return n
+
+
+def iter_matching(path: str | os.PathLike[str], needles: Iterable[bytes],
+                  stats: ScanStats | None = None) -> Iterator[KmsgRecord]:
+    """The records of a saved log that contain any of ``needles`` (see the module contract)."""
+    needles = tuple(needles)
+    stats = stats if stats is not None else ScanStats()
+    with open(path, "rb") as f:
+        try:
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (ValueError, OSError):  # empty file, FIFO, a filesystem without mmap
+            buf = None
+    if buf is None:
+        for rec in iter_file(path):
+            stats.lines += 1 + len(rec.continuation)
+            if any(n.decode() in rec.raw for n in needles):
+                yield rec
+        return
+    with buf:
+        size = len(buf)
+        stats.bytes = size
+        counted_to, line_no = 0, 0
+        for start in _heads(buf, size, needles):
+            line_no += _count_newlines(buf, counted_to, start)
+            counted_to = start
+            end = _record_end(buf, start, size)
+            segment = buf[start:end]
+            if segment.endswith(b"\n"):
+                segment = segment[:-1]
+            asm = _Assembler()
+            asm.line_no = line_no
+            for line in segment.split(b"\n"):
+                rec = (asm.feed_overlong(line[:MAX_LINE_BYTES]) if len(line) > MAX_LINE_BYTES
+                       else asm.feed(line))
+                if rec is not None:
+                    yield rec
+            last = asm.take()
+            if last is not None:
+                yield last
+        line_no += _count_newlines(buf, counted_to, size)
+        unterminated = size > 0 and buf[size - 1] != 0x0A
+        stats.lines = line_no + unterminated
