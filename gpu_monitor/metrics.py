@@ -12,7 +12,6 @@ is the declaration the docs' metrics reference is generated from (a test checks 
 
 from __future__ import annotations
 
-import platform
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +35,7 @@ class MetricDoc:
 
 
 METRICS: tuple[MetricDoc, ...] = (
-    MetricDoc("gpu_monitor_build_info", "info", ("version", "python"),
+    MetricDoc("gpu_monitor_build_info", "info", ("version",),
               "Build information of the running gpu-monitor."),
     MetricDoc("gpu_monitor_check_status", "gauge", ("check", "target", "status"),
               "Latest status of each check on each target (one series per status, 1 = current)."),
@@ -111,7 +110,7 @@ class StoreCollector:
 
     def collect(self):
         info = InfoMetricFamily("gpu_monitor_build", _help("gpu_monitor_build_info"))
-        info.add_metric([], {"version": __version__, "python": platform.python_version()})
+        info.add_metric([], {"version": __version__})
         yield info
         latest = self.store.latest_results()
         yield from self._check_metrics(latest)

@@ -36,3 +36,14 @@ def fake_clock():
     from gpu_monitor.clock import FakeClock
 
     return FakeClock()
+
+
+def pytest_addoption(parser):
+    parser.addoption("--update-golden", action="store_true", default=False,
+                     help="rewrite tests/golden/*.prom from the current exposition")
+
+
+@pytest.fixture
+def update_golden(request) -> bool:
+    return bool(request.config.getoption("--update-golden")
+                or os.environ.get("GPU_MONITOR_UPDATE_GOLDEN"))
