@@ -5,10 +5,17 @@ PCIe, NVLink), then DCGM, RDMA loopback, burn-in, NCCL and the SDC probe. Import
 loads none of torch, pynvml or kubernetes; checks import heavy modules lazily.
 """
 
+from checks.dcgm_diag import DcgmDiag
+from checks.ecc_memory import EccMemory
 from checks.inventory import Inventory
+from checks.nvlink_state import NvlinkState
 from checks.nvswitch import NvSwitch
+from checks.pcie import Pcie
 from checks.pcie_aer import PcieAer
+from checks.rdma_loopback import RdmaLoopback
 from checks.rdma_ports import RdmaPorts
+from checks.temperature import Temperature
+from checks.throttle import Throttle
 from checks.xid import Xid
 
 ALL_CHECKS = (
@@ -17,6 +24,13 @@ ALL_CHECKS = (
     NvSwitch,
     PcieAer,
     RdmaPorts,
+    NvlinkState,
+    Throttle,
+    Temperature,
+    EccMemory,
+    Pcie,
+    DcgmDiag,
+    RdmaLoopback,
 )
 
 __all__ = ["ALL_CHECKS"]

@@ -314,7 +314,10 @@ class Pcie(Check):
         elif ctx.host.unmet({"torch"}):
             why = f"H2D/D2H copy bandwidth not measured: {ctx.host.unmet({'torch'})}"
         elif not ctx.force:
-            holders = ctx.host.gpu_holders()
+            try:
+                holders = ctx.host.gpu_holders()
+            except NvmlError as exc:
+                holders, why = [], f"H2D/D2H copy bandwidth not measured: {exc}"
             if holders:
                 names = ", ".join(f"pid {h.pid} ({h.name}) on gpu:{h.gpu_index}"
                                   for h in holders[:8])

@@ -44,14 +44,14 @@ from gpu_monitor.model import NODE, STATUS_SEVERITY, Action, Kind, Result, Statu
 #: nvmlClocksEventReason* bits by the name used in details and as the metrics ``event`` label.
 EVENT_BITS: dict[str, int] = {
     "gpu_idle": 0x1,
-    "applications_clocks": 0x2,
+    "applications_clocks_setting": 0x2,
     "sw_power_cap": 0x4,
     "hw_slowdown": 0x8,
     "sync_boost": 0x10,
     "sw_thermal_slowdown": 0x20,
     "hw_thermal_slowdown": 0x40,
     "hw_power_brake": 0x80,
-    "display_clocks": 0x100,
+    "display_clock_setting": 0x100,
     "board_limit": 0x200,  # legacy nvmlClocksThrottleReason* bits
     "reliability": 0x400,
 }

@@ -254,28 +254,37 @@ class Daemon:
                 self._store(outcome)
 
     def _kmsg_loop(self) -> None:
+        from gpu_monitor.hw.inotify import FileWatch
+
         src = self._kmsg_source
-        fd = None
         selectable = False
+        watch = None
         try:
-            fd = src.fileno()
-            selectable = not stat.S_ISREG(os.fstat(fd).st_mode)
+            selectable = not stat.S_ISREG(os.fstat(src.fileno()).st_mode)
         except (OSError, AttributeError, ValueError):
             selectable = False
-        while not self.stop_event.is_set():
-            self.stats.last_kmsg_loop_monotonic = time.monotonic()
-            try:
-                self.pump_kmsg()
-            except Exception as exc:  # noqa: BLE001 - the follower must survive anything
-                log.error("kernel-log follower error: %s", exc, exc_info=True)
-            if selectable:
+        if not selectable:
+            # A regular file never blocks select(): wake on inotify, poll only as a fallback.
+            watch = FileWatch.open(getattr(src, "path", self.ctx.host.paths.kmsg_path))
+        try:
+            while not self.stop_event.is_set():
+                self.stats.last_kmsg_loop_monotonic = time.monotonic()
                 try:
-                    select.select([src.fileno()], [], [], 0.5)
-                except (OSError, ValueError):
+                    self.pump_kmsg()
+                except Exception as exc:  # noqa: BLE001 - the follower must survive anything
+                    log.error("kernel-log follower error: %s", exc, exc_info=True)
+                if selectable:
+                    try:
+                        select.select([src.fileno()], [], [], 0.5)
+                    except (OSError, ValueError):
+                        self.stop_event.wait(self.kmsg_poll_s)
+                elif watch is not None:
+                    watch.wait(0.5)
+                else:
                     self.stop_event.wait(self.kmsg_poll_s)
-            else:
-                # Regular files have no readiness notification; poll them briefly.
-                self.stop_event.wait(self.kmsg_poll_s)
+        finally:
+            if watch is not None:
+                watch.close()
 
     # --- lifecycle ---------------------------------------------------------------------------------
 

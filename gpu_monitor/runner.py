@@ -15,7 +15,6 @@ Guarantees, in order of importance:
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -113,7 +112,15 @@ def run_check(check: Check, ctx: Context, method: str = "run", record: object = 
         if gate:
             return RunOutcome(check.name, gate, started, clock.monotonic() - t0, True)
 
-    limit = check.timeout if timeout is None else timeout
+    if timeout is None:
+        # The configured timeout_s is the check's own budget (it kills its tools and reports
+        # its own reason); the runner's limit is a backstop a little beyond it.
+        try:
+            budget = float(ctx.setting(check.name, "timeout_s", check.timeout))
+        except (TypeError, ValueError, AttributeError):
+            budget = float(check.timeout)
+        timeout = budget + max(2.0, 0.1 * budget) if budget > 0 else 0.0
+    limit = timeout
     box: dict[str, object] = {}
 
     def target() -> None:

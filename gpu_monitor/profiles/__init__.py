@@ -448,13 +448,22 @@ CHECK_SETTINGS: dict[str, dict[str, Spec]] = {
         "copy_bytes": _BYTES,
         "repeats": _POS_INT,
         "replay_increase_degraded": _POS_INT,
+        "copy_timeout_s": _POS,
     },
     "rdma_loopback": {
         "use_cuda": Bool(),
         "iterations": _POS_INT,
         "tcp_port_base": Int(1024, 65535),
+        "gid_index": Nullable(_NAT),
+        "run_timeout_s": _POS,
+        "server_start_s": _POS,
+        "connect_retries": _NAT,
+        "server_exit_s": _POS,
     },
-    "dcgm_diag": {},
+    "dcgm_diag": {
+        "host": Nullable(Str(what="a DCGM host engine address such as 'localhost:5555'")),
+        "parameters": Nullable(Str(what="dcgmi diag -p parameters")),
+    },
     "sdc_probe": {
         "seed": _NAT,
         "batch_size": _POS_INT,

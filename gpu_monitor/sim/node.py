@@ -201,7 +201,12 @@ class SimulatedNode:
         except ImportError:  # tools arrive with the active checks
             install_tools = None
         if install_tools is not None:
-            install_tools(self.bin_dir, self.state_file)
+            wanted = []
+            if self.spec.dcgm_available and self.spec.gpus:
+                wanted.append("dcgmi")
+            if self.spec.perftest_available and self.spec.ib_ports:
+                wanted.append("ib_write_bw")
+            install_tools(self.bin_dir, self.state_file, only=tuple(wanted))
         self._write_state()
         return dataclasses.replace(paths, kmsg=self.kmsg_path)
 

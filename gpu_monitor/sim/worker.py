@@ -10,9 +10,9 @@ through it:
   ``speed_factor`` 3 sleeps twice the burst's duration, so it is measured three times slower
   (sleeping, not spinning, keeps a shared 2-core machine free for the other workers);
 - ``Seam.corrupt(tensor)`` on what the device produces (matmul results) and what it contributes
-  to a collective: a device with ``wrong_results`` flips the lowest bit of one element, every
-  time, at the same place. That is the subtle fault that only a bit-for-bit comparison *across*
-  devices finds (the device agrees with itself).
+  to a collective: a device with ``wrong_results`` flips the top mantissa bit of one element,
+  every time, at the same place (a stuck bit). The device agrees with itself, so only a
+  comparison *across* devices finds it; the error is large enough to survive a sum.
 
 Check code never looks at this module or the variable: without ``GPU_MONITOR_SIM_STATE`` (every
 real host) ``seam_for`` returns ``None`` and the device layer calls nothing here. Peer copies
@@ -54,25 +54,30 @@ class Seam:
             sleep(elapsed_s * (self.speed_factor - 1.0))
 
     def corrupt(self, tensor: Any) -> Any:
-        """Flip the lowest bit of one element of ``tensor`` in place (when ``wrong_results``).
+        """Flip the top mantissa bit of one element of ``tensor`` in place (when
+        ``wrong_results``).
 
         The element is fixed (a third of the way in), so the device is wrong the same way every
         time. Returns the tensor.
         """
         if self.wrong_results and tensor.numel() > 0:
-            flip_low_bit(tensor, tensor.numel() // 3)
+            flip_bit(tensor, tensor.numel() // 3)
         return tensor
 
 
-def flip_low_bit(tensor: Any, flat_index: int) -> None:
-    """XOR 1 into the raw bits of element ``flat_index`` of a contiguous tensor."""
+def flip_bit(tensor: Any, flat_index: int) -> None:
+    """Flip the top mantissa bit (floats) or the lowest bit (integers) of element
+    ``flat_index`` of a contiguous tensor, in place."""
+    import math
+
     import torch  # the worker has it already; the daemon never calls this
 
     ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
     flat = tensor.view(-1)
     if tensor.dtype.is_floating_point:
+        mantissa_bits = round(-math.log2(torch.finfo(tensor.dtype).eps))
         raw = flat.view(ints[tensor.element_size()])
-        raw[flat_index] ^= 1
+        raw[flat_index] ^= 1 << (mantissa_bits - 1)
     else:
         flat[flat_index] ^= 1
 

@@ -128,10 +128,11 @@ def test_follower_dispatches_appended_record_quickly(sim_env):
     try:
         append_kmsg(ctx.host.paths.kmsg_path, 99, "NVRM: Xid (PCI:0000:53:00): 48, pid=1")
         deadline = time.monotonic() + 5
-        while not check.seen and time.monotonic() < deadline:
+        latest = {}
+        while "kmsg_counter" not in latest and time.monotonic() < deadline:
             time.sleep(0.005)
+            latest = {r.check: r for r in ctx.store.latest_results()}
         assert check.seen == [99]
-        latest = {r.check: r for r in ctx.store.latest_results()}
         assert latest["kmsg_counter"].reason == "Seen"
     finally:
         d.shutdown()

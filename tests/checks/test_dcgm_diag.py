@@ -1,0 +1,254 @@
+"""dcgm_diag through the simulated node's fake dcgmi, and against misbehaving dcgmi programs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import textwrap
+
+import pytest
+
+from checks.dcgm_diag import DcgmDiag
+from gpu_monitor.check import Context
+from gpu_monitor.config import DEFAULT_CONFIG, Config
+from gpu_monitor.hw.command import CommandRunner
+from gpu_monitor.model import Action, Status
+from gpu_monitor.profiles import load_profile
+from gpu_monitor.runner import run_check
+from gpu_monitor.sim.inject import parse
+from gpu_monitor.sim.node import SimulatedNode
+from gpu_monitor.state import Store
+
+
+@pytest.fixture
+def node(fake_clock):
+    made = []
+
+    def build(*faults, config=DEFAULT_CONFIG):
+        profile = load_profile("h100-sxm-8")
+        sim = SimulatedNode(profile, [parse(f) for f in faults])
+        host = sim.host()
+        made.append(host)
+        ctx = Context(host=host, profile=profile.for_simulation(), config=config,
+                      clock=fake_clock, store=Store.open(":memory:"))
+        return sim, ctx
+
+    yield build
+    for host in made:
+        host.close()
+
+
+def run(ctx):
+    outcome = run_check(DcgmDiag(), ctx)
+    out = {r.target: r for r in outcome.results}
+    assert len(out) == len(outcome.results), "one result per target"
+    return out
+
+
+def not_ok(res):
+    return {t: (r.status, r.reason) for t, r in res.items() if r.status is not Status.OK}
+
+
+def test_healthy_node_passes_every_test_on_every_gpu(node):
+    _, ctx = node()
+    res = run(ctx)
+    assert sorted(res) == [f"gpu:{i}" for i in range(8)]
+    assert not_ok(res) == {}
+    d = res["gpu:3"].details
+    assert d["level"] == 2 and d["command"] == "dcgmi diag -r 2 -j"
+    assert len(d["tests"]) == 12 and set(d["tests"].values()) == {"pass"}
+    assert d["dcgm_version"] == "3.3.9" and d["uuid"].startswith("GPU-")
+
+
+def test_injected_failure_fails_the_named_gpu_with_test_warning_and_error_id(node):
+    _, ctx = node("dcgm-fail@gpu:2,test=memtest")
+    res = run(ctx)
+    assert not_ok(res) == {"gpu:2": (Status.FAILED, "DcgmDiagFail")}
+    r = res["gpu:2"]
+    (failure,) = r.details["failures"]
+    assert failure["test"] == "memtest"
+    (w,) = failure["warnings"]
+    assert w["error_id"] == 58 and w["error_name"] == "DCGM_FR_MEMORY_MISMATCH"
+    assert w["warning"].startswith("A memory mismatch was detected on GPU 2")
+    assert r.action is Action.REPLACE  # DCGM severity ISOLATE
+    assert "memtest" in r.message and "error_id 58" in r.message
+
+
+def test_failures_on_several_gpus_and_tests_are_all_reported(node):
+    _, ctx = node("dcgm-fail@gpu:1,test=memory", "dcgm-fail@gpu:6,test=pcie",
+                  "dcgm-fail@gpu:6,test=targeted_power")
+    res = run(ctx)
+    assert not_ok(res) == {"gpu:1": (Status.FAILED, "DcgmDiagFail"),
+                           "gpu:6": (Status.FAILED, "DcgmDiagFail")}
+    assert [f["test"] for f in res["gpu:6"].details["failures"]] == ["pcie", "targeted_power"]
+    assert res["gpu:6"].action is Action.NONE  # TRIAGE severities: a person decides
+
+
+def test_level_comes_from_config(node):
+    _, ctx = node(config=Config(checks={"dcgm_diag": {"level": 3}}))
+    r = run(ctx)["gpu:0"]
+    assert r.details["command"] == "dcgmi diag -r 3 -j"
+    assert len(r.details["tests"]) == 16
+
+
+def test_no_host_engine_is_skipped_never_failed(node):
+    sim, ctx = node()
+    sim.spec.dcgm_available = False
+    sim.advance(0.0)
+    (r,) = run(ctx).values()
+    assert (r.status, r.reason) == (Status.SKIPPED, "DcgmUnavailable")
+    assert "host engine" in r.message
+
+
+def test_unreachable_configured_host_engine_is_unknown(node):
+    _, ctx = node(config=Config(checks={"dcgm_diag": {"host": "10.9.8.7:5555"}}))
+    (r,) = run(ctx).values()
+    assert (r.status, r.reason) == (Status.UNKNOWN, "DcgmHostEngineUnreachable")
+    assert "10.9.8.7" in r.message
+    assert r.details["command"] == "dcgmi diag -r 2 -j --host 10.9.8.7:5555"
+
+
+def test_a_foreign_gpu_process_stops_the_invasive_run(node):
+    _, ctx = node("gpu-process@gpu:0,pid=4242")
+    res = run(ctx)
+    assert (res["gpu:0"].status, res["gpu:0"].reason) == (Status.UNKNOWN, "GpuBusy")
+
+
+@pytest.mark.skipif(shutil.which("dcgmi") is not None, reason="this host has a real dcgmi")
+def test_without_dcgmi_the_check_is_skipped(node, tmp_path):
+    _, ctx = node()
+    ctx.host.runner = CommandRunner(search_path=[str(tmp_path)])
+    (r,) = run(ctx).values()
+    assert (r.status, r.reason) == (Status.SKIPPED, "RequirementMissing")
+
+
+# --- misbehaving dcgmi ---------------------------------------------------------------------------
+
+
+def fake_dcgmi(tmp_path, stdout="", stderr="", code=0, sleep=0.0):
+    """A dcgmi that prints fixed output (read from files beside it) and exits ``code``."""
+    bin_dir = tmp_path / "bad-bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "out.txt").write_text(stdout)
+    (bin_dir / "err.txt").write_text(stderr)
+    script = bin_dir / "dcgmi"
+    script.write_text(f"#!{sys.executable}\n" + textwrap.dedent(f"""\
+        import os, sys, time
+        here = os.path.dirname(os.path.abspath(__file__))
+        time.sleep({sleep})
+        sys.stdout.write(open(os.path.join(here, "out.txt")).read())
+        sys.stderr.write(open(os.path.join(here, "err.txt")).read())
+        sys.exit({code})
+        """))
+    script.chmod(0o755)
+    return CommandRunner(search_path=[str(bin_dir)])
+
+
+@pytest.fixture
+def bad(node, tmp_path):
+    def build(config=DEFAULT_CONFIG, **tool):
+        _, ctx = node(config=config)
+        ctx.host.runner = fake_dcgmi(tmp_path, **tool)
+        return run(ctx)
+    return build
+
+
+def fixture_text(shared_fixtures, name):
+    return (shared_fixtures / "dcgm_diag" / name).read_text()
+
+
+@pytest.mark.parametrize("stdout, code, reason", [
+    ("Segmentation fault\n\x00\x01garbage{{", 0, "DcgmBadOutput"),
+    ("", 0, "DcgmBadOutput"),
+    ("Error: Diagnostic could not be run: the GPU is in use by another process\n", 255,
+     "DcgmError"),
+    ("", 1, "DcgmError"),
+])
+def test_garbage_and_errors_are_unknown(bad, stdout, code, reason):
+    (r,) = bad(stdout=stdout, code=code).values()
+    assert (r.status, r.reason) == (Status.UNKNOWN, reason)
+    assert r.target == "node"
+
+
+def test_truncated_json_is_unknown_and_says_truncated(bad, shared_fixtures):
+    text = fixture_text(shared_fixtures, "dcgm_3x_diag_json_4gpu_testfixture_warnings_fail.json")
+    (r,) = bad(stdout=text[: len(text) // 2]).values()
+    assert (r.status, r.reason) == (Status.UNKNOWN, "DcgmBadOutput")
+    assert "truncated" in r.message
+
+
+def test_hang_past_the_timeout_is_unknown(bad):
+    (r,) = bad(config=Config(checks={"dcgm_diag": {"timeout_s": 0.5}}), sleep=30).values()
+    assert (r.status, r.reason) == (Status.UNKNOWN, "DcgmTimeout")
+    assert r.details["timeout_s"] == 0.5
+
+
+def test_runtime_error_is_unknown(bad):
+    doc = {"DCGM Diagnostic": {"runtime_error": "Couldn't create the test plan"},
+           "metadata": {"version": "4.2.3"}}
+    (r,) = bad(stdout=json.dumps(doc), code=226).values()
+    assert (r.status, r.reason) == (Status.UNKNOWN, "DcgmError")
+    assert "Couldn't create the test plan" in r.message
+
+
+def test_real_4x_failure_with_garbage_preamble_and_nonzero_exit(bad, shared_fixtures):
+    text = fixture_text(shared_fixtures,
+                        "dcgm_4.2.3_diag_r1_json_GB10_software_fail_UNVERIFIED_REPO.json")
+    res = bad(stdout="WARNING: something odd\n" + text, code=226)
+    assert not_ok(res) == {"gpu:0": (Status.FAILED, "DcgmDiagFail")}
+    f = res["gpu:0"].details["failures"][0]
+    assert f["test"] == "software" and f["warnings"][0]["error_id"] == 29
+    assert res["gpu:0"].details["dcgm_version"] == "4.2.3"
+
+
+def test_every_failing_result_not_just_the_first(bad, shared_fixtures):
+    res = bad(stdout=fixture_text(shared_fixtures,
+                                  "dcgm_3x_diag_json_4gpu_testfixture_warnings_fail.json"),
+              code=226)
+    assert not_ok(res) == {f"gpu:{i}": (Status.FAILED, "DcgmDiagFail") for i in (0, 2, 3)}
+    assert res["gpu:1"].status is Status.OK
+    assert "memory" in res["gpu:0"].details["skipped_tests"]
+
+
+def test_warn_degrades_and_node_wide_results_go_to_node(bad, shared_fixtures):
+    res = bad(stdout=fixture_text(shared_fixtures, "gcm_testfixture_diag_warn_dcgm2x_compact.json"))
+    assert not_ok(res) == {"node": (Status.DEGRADED, "DcgmDiagWarn")}
+    assert res["node"].action is Action.WATCH
+    res = bad(stdout=fixture_text(shared_fixtures, "gcm_testfixture_diag_fail_dcgm2x_compact.json"),
+              code=226)
+    assert not_ok(res) == {"node": (Status.FAILED, "DcgmDiagFail")}
+
+
+def test_gpu_with_only_skipped_tests_is_skipped(bad):
+    doc = {"DCGM Diagnostic": {"test_categories": [{"category": "Hardware", "tests": [
+        {"name": "memory", "results": [
+            {"entity_group": "GPU", "entity_group_id": 1, "entity_id": 0, "status": "Skip"},
+            {"entity_group": "GPU", "entity_group_id": 1, "entity_id": 1, "status": "Pass"}],
+         "test_summary": {"status": "Pass"}}]}]}, "metadata": {"version": "4.2.3"}}
+    res = bad(stdout=json.dumps(doc))
+    assert (res["gpu:0"].status, res["gpu:0"].reason) == (Status.SKIPPED, "DcgmDiagSkipped")
+    assert res["gpu:1"].status is Status.OK
+
+
+def test_nonzero_exit_without_any_failure_is_not_ok(bad, shared_fixtures):
+    res = bad(stdout=fixture_text(shared_fixtures,
+                                  "dcgm_3.1.0_diag_json_8gpu_pass_realoutput_with_preamble.txt"),
+              code=3)
+    assert not_ok(res) == {"node": (Status.UNKNOWN, "DcgmError")}
+    assert res["gpu:7"].status is Status.OK
+
+
+def test_text_output_that_is_cut_short_is_unknown(bad, shared_fixtures):
+    res = bad(stdout=fixture_text(shared_fixtures,
+                                  "issue_DCGM253_dcgmi_diag_text_4.2.3_4xL40S_26b9_TRUNCATED.txt"))
+    assert not_ok(res) == {"node": (Status.UNKNOWN, "DcgmIncomplete")}
+    assert res["gpu:3"].status is Status.OK
+
+
+def test_connection_error_on_stdout_with_nonzero_exit_is_skipped(bad):
+    out = ("Error: unable to establish a connection to the specified host: localhost\n"
+           "Error: Unable to connect to host engine. Host engine connection "
+           "invalid/disconnected.\n")
+    (r,) = bad(stdout=out, code=236).values()
+    assert (r.status, r.reason) == (Status.SKIPPED, "DcgmUnavailable")

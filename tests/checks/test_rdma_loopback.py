@@ -1,0 +1,228 @@
+"""rdma_loopback through the simulated node's fake ib_write_bw, and against misbehaving ones."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import textwrap
+
+import pytest
+
+from checks.rdma_loopback import RdmaLoopback
+from gpu_monitor.check import Context
+from gpu_monitor.config import DEFAULT_CONFIG, Config
+from gpu_monitor.hw.command import CommandRunner
+from gpu_monitor.model import Action, Status
+from gpu_monitor.profiles import load_profile
+from gpu_monitor.runner import run_check
+from gpu_monitor.sim.inject import parse
+from gpu_monitor.sim.node import SimulatedNode
+from gpu_monitor.state import Store
+
+ONLY_MLX5_0 = tuple(f"port-down@ib:mlx5_{i}:1" for i in range(1, 8))
+
+
+@pytest.fixture
+def node(fake_clock):
+    made = []
+
+    def build(*faults, config=DEFAULT_CONFIG, overrides=None):
+        profile = load_profile("h100-sxm-8")
+        sim = SimulatedNode(profile, [parse(f) for f in faults])
+        host = sim.host()
+        made.append(host)
+        judged = profile.with_overrides(overrides) if overrides else profile
+        ctx = Context(host=host, profile=judged.for_simulation(), config=config,
+                      clock=fake_clock, store=Store.open(":memory:"))
+        return sim, ctx
+
+    yield build
+    for host in made:
+        host.close()
+
+
+def run(ctx):
+    outcome = run_check(RdmaLoopback(), ctx)
+    assert outcome.success, outcome.error
+    out = {r.target: r for r in outcome.results}
+    assert len(out) == len(outcome.results), "one result per target"
+    return out
+
+
+def not_ok(res):
+    return {t: (r.status, r.reason) for t, r in res.items() if r.status is not Status.OK}
+
+
+def test_every_active_port_reaches_the_floor_with_gpudirect(node):
+    _, ctx = node()
+    res = run(ctx)
+    assert sorted(res) == [f"ib:mlx5_{i}:1" for i in range(8)]
+    assert not_ok(res) == {}
+    d = res["ib:mlx5_0:1"].details
+    assert d["bw_gbit_per_s"] == 392.0 and d["floor_gbit_per_s"] == 380
+    assert d["message_bytes"] == 8388608 and d["unit_reported"] == "Gb/sec"
+    assert d["gpudirect_gpu"] == 0
+    assert "--use_cuda_bus_id=0000:53:00.0" in d["command"]
+    assert " -s 8388608 " in d["command"] and "--report_gbits" in d["command"]
+    assert [res[f"ib:mlx5_{i}:1"].details["tcp_port"] for i in range(8)] == list(
+        range(18510, 18518))
+    assert res["ib:mlx5_7:1"].details["gpudirect_gpu"] == 7
+
+
+def test_low_bandwidth_fails_naming_the_port(node):
+    _, ctx = node("ib-bw@ib:mlx5_1:1,gbit=100")
+    res = run(ctx)
+    assert not_ok(res) == {"ib:mlx5_1:1": (Status.FAILED, "RdmaBandwidthLow")}
+    r = res["ib:mlx5_1:1"]
+    assert r.details["bw_gbit_per_s"] == 100.0
+    assert "below the floor 380" in r.message
+
+
+def test_bandwidth_inside_the_warning_band_degrades(node):
+    _, ctx = node("ib-bw@ib:mlx5_4:1,gbit=385")  # band 0.02: 380 .. 387.6
+    res = run(ctx)
+    assert not_ok(res) == {"ib:mlx5_4:1": (Status.DEGRADED, "RdmaBandwidthNearFloor")}
+    assert res["ib:mlx5_4:1"].action is Action.WATCH
+    assert res["ib:mlx5_4:1"].details["warning_band"] == 0.02
+
+
+def test_port_that_is_not_active_is_skipped(node):
+    _, ctx = node("port-down@ib:mlx5_2:1")
+    res = run(ctx)
+    assert not_ok(res) == {"ib:mlx5_2:1": (Status.SKIPPED, "PortNotActive")}
+
+
+def test_gpu_nic_pairing_from_the_profile_picks_the_gpu(node):
+    pairing = [f"mlx5_{7 - i}" for i in range(8)]
+    _, ctx = node(*ONLY_MLX5_0, overrides={"pcie": {"gpu_nic": pairing}})
+    r = run(ctx)["ib:mlx5_0:1"]
+    assert r.details["gpudirect_gpu"] == 7
+    assert "--use_cuda_bus_id=0000:ca:00.0" in r.details["command"]
+
+
+def test_use_cuda_off_uses_host_memory(node):
+    _, ctx = node(*ONLY_MLX5_0, config=Config(checks={"rdma_loopback": {"use_cuda": False}}))
+    r = run(ctx)["ib:mlx5_0:1"]
+    assert r.status is Status.OK
+    assert "use_cuda" not in r.details["command"] and r.details["gpudirect_gpu"] is None
+
+
+@pytest.mark.skipif(shutil.which("ib_write_bw") is not None, reason="real perftest installed")
+def test_without_perftest_the_check_is_skipped(node, tmp_path):
+    _, ctx = node()
+    ctx.host.runner = CommandRunner(search_path=[str(tmp_path)])
+    (r,) = run(ctx).values()
+    assert (r.status, r.reason) == (Status.SKIPPED, "RequirementMissing")
+
+
+# --- misbehaving perftest ------------------------------------------------------------------------
+
+FAKE = """\
+import json, os, sys, time
+here = os.path.dirname(os.path.abspath(__file__))
+cfg = json.load(open(os.path.join(here, "behaviour.json")))
+args = sys.argv[1:]
+if "--help" in args:
+    print(cfg.get("help", "Usage: ib_write_bw"))
+    sys.exit(0)
+port = args[args.index("-p") + 1]
+marker = os.path.join(here, "client-" + port)
+if args[-1] == "127.0.0.1":
+    c = cfg["client"]
+    time.sleep(c.get("sleep", 0))
+    open(marker, "w").close()
+    sys.stdout.write(c.get("stdout", ""))
+    sys.stderr.write(c.get("stderr", ""))
+    sys.exit(c.get("code", 0))
+s = cfg["server"]
+if s.get("banner", True):
+    print("* Waiting for client to connect... *", flush=True)
+mode = s.get("mode", "wait")
+if mode == "hang":
+    time.sleep(120)
+if mode == "wait":
+    deadline = time.time() + 30
+    while not os.path.exists(marker) and time.time() < deadline:
+        time.sleep(0.02)
+sys.stdout.write(s.get("stdout", ""))
+sys.stderr.write(s.get("stderr", ""))
+sys.exit(s.get("code", 0))
+"""
+
+GOOD = (" #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n"
+        " 8388608    5000             393.10              392.55               0.005850\n")
+FAST = {"rdma_loopback": {"run_timeout_s": 1.0, "server_start_s": 0.3, "connect_retries": 2,
+                          "server_exit_s": 0.5}}
+
+
+def fake_perftest(tmp_path, server=None, client=None, help_text="Usage: ib_write_bw"):
+    bin_dir = tmp_path / "bad-bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "behaviour.json").write_text(json.dumps(
+        {"server": server or {}, "client": client or {}, "help": help_text}))
+    script = bin_dir / "ib_write_bw"
+    script.write_text(f"#!{sys.executable}\n" + textwrap.dedent(FAKE))
+    script.chmod(0o755)
+    return CommandRunner(search_path=[str(bin_dir)])
+
+
+@pytest.fixture
+def bad(node, tmp_path):
+    def build(**behaviour):
+        _, ctx = node(*ONLY_MLX5_0, config=Config(checks=FAST))
+        ctx.host.runner = fake_perftest(tmp_path, **behaviour)
+        res = run(ctx)
+        assert not_ok(res).pop("ib:mlx5_1:1") == (Status.SKIPPED, "PortNotActive")
+        return res["ib:mlx5_0:1"]
+    return build
+
+
+def test_fake_harness_reports_a_good_run(bad):
+    r = bad(client={"stdout": GOOD})
+    assert r.status is Status.OK and r.details["bw_gbit_per_s"] == 392.55
+    assert r.details["gpudirect_gpu"] is None  # this perftest's --help lists no CUDA
+
+
+def test_mb_per_sec_report_is_converted(bad):
+    mb = GOOD.replace("Gb/sec", "MB/sec").replace("392.55", "46800.00")
+    r = bad(client={"stdout": mb})
+    assert r.details["bw_gbit_per_s"] == round(46800.0 * 1048576 * 8 / 1e9, 3)
+    assert r.status is Status.OK
+
+
+@pytest.mark.parametrize("client, reason, needle", [
+    ({"stdout": "\x00garbage\x01 not a report\n"}, "PerftestBadOutput", "no perftest bandwidth"),
+    ({"stdout": GOOD.splitlines()[0] + "\n"}, "PerftestBadOutput", "no result row"),
+    ({"stdout": GOOD.replace("8388608", "65536")}, "PerftestBadOutput", "no 8388608-byte row"),
+    ({"stderr": " Couldn't get context for the device\n", "code": 1}, "PerftestFailed",
+     "exited 1: Couldn't get context for the device"),
+    ({"sleep": 30, "stdout": GOOD}, "PerftestHang", "did not finish within 1 s"),
+])
+def test_bad_client_runs_are_unknown_naming_the_device(bad, client, reason, needle):
+    r = bad(client=client)
+    assert (r.status, r.reason) == (Status.UNKNOWN, reason)
+    assert needle in r.message
+    assert "ib:mlx5_0:1" in r.message
+
+
+def test_server_that_dies_before_the_client_is_unknown(bad):
+    r = bad(server={"mode": "exit", "banner": False, "code": 1,
+                    "stderr": " Unable to find the Infiniband/RoCE device\n"})
+    assert (r.status, r.reason) == (Status.UNKNOWN, "PerftestFailed")
+    assert "server for ib:mlx5_0:1 exited 1" in r.message
+    assert "Unable to find the Infiniband/RoCE device" in r.message
+
+
+def test_server_that_never_listens_is_a_hang(bad):
+    refused = {"code": 1, "stderr": "Couldn't connect to 127.0.0.1:18510\nUnable to open file "
+                                    "descriptor for socket connection\n"}
+    r = bad(server={"mode": "hang", "banner": False}, client=refused)
+    assert (r.status, r.reason) == (Status.UNKNOWN, "PerftestHang")
+    assert "never accepted a connection" in r.message
+
+
+def test_server_hanging_after_a_good_client_report_still_judges_the_client(bad):
+    r = bad(server={"mode": "hang"}, client={"stdout": GOOD})
+    assert r.status is Status.OK
+    assert r.details["server_finished"] is False
