@@ -33,9 +33,9 @@ def _fixture_files(shared_fixtures):
     return sorted(p for p in shared_fixtures.rglob("*") if p.is_file())
 
 
-@pytest.mark.parametrize("count_slice", [64 * 1024 * 1024, 5])
-def test_same_records_as_iter_file_for_every_fixture(shared_fixtures, monkeypatch, count_slice):
-    monkeypatch.setattr(kmsg_scan, "_COUNT_SLICE", count_slice)
+@pytest.mark.parametrize("count_chunk", [16 * 1024 * 1024, 5])
+def test_same_records_as_iter_file_for_every_fixture(shared_fixtures, monkeypatch, count_chunk):
+    monkeypatch.setattr(kmsg_scan, "_COUNT_CHUNK", count_chunk)
     files = _fixture_files(shared_fixtures)
     assert len(files) > 100
     for path in files:
