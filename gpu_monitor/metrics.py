@@ -74,6 +74,17 @@ CLOCK_EVENTS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake", "sw_powe
                 "sync_boost", "display_clock_setting")
 
 
+@dataclass(frozen=True)
+class _Row:
+    """The newest result of one (check, target), as much as metrics need."""
+
+    check: str
+    target: str
+    status: str
+    reason: str
+    details: dict
+
+
 def _help(name: str) -> str:
     for m in METRICS:
         if m.name == name:
@@ -112,7 +123,7 @@ class StoreCollector:
         info = InfoMetricFamily("gpu_monitor_build", _help("gpu_monitor_build_info"))
         info.add_metric([], {"version": __version__})
         yield info
-        latest = self.store.latest_results()
+        latest = [_Row(*row) for row in self.store.latest_rows()]
         yield from self._check_metrics(latest)
         yield from self._xid_metrics()
         yield from self._rdma_metrics(latest)
@@ -135,7 +146,7 @@ class StoreCollector:
                                    labels=["check", "target", "status"])
         for r in sorted(latest, key=lambda r: (r.check, r.target)):
             for s in STATUS_STATES:
-                status.add_metric([r.check, r.target, s], 1.0 if s == r.status.value else 0.0)
+                status.add_metric([r.check, r.target, s], 1.0 if s == r.status else 0.0)
         yield status
 
         runs = self.store.runs()

@@ -846,6 +846,17 @@ class Store:
                 " ORDER BY l.check_name, l.target").fetchall()
         return [self._result(row) for row in rows]
 
+    def latest_rows(self) -> list[tuple[str, str, str, str, dict[str, Any]]]:
+        """``(check, target, status, reason, details)`` of the newest result per (check,
+        target): what a scrape needs, without building a frozen ``Result`` per row."""
+        with self._read() as c:
+            rows = c.execute(
+                "SELECT r.check_name, r.target, r.status, r.reason, r.details"
+                " FROM latest_results l JOIN results r ON r.id = l.result_id"
+                " ORDER BY l.check_name, l.target").fetchall()
+        return [(check, target, status, reason, json.loads(details or "{}"))
+                for check, target, status, reason, details in rows]
+
     def results_for(self, check: str, since: datetime | None = None,
                     target: str | None = None, limit: int | None = None) -> list[Result]:
         """A check's results, oldest first; ``limit`` keeps the newest ``limit`` of them."""

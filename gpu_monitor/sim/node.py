@@ -244,11 +244,17 @@ class SimulatedNode:
         with open(self.kmsg_path, "a") as fh:
             fh.write(f"{priority},{self._seq},{usec},-;{message}\n")
 
-    def advance(self, elapsed_s: float) -> None:
-        """Bring the simulated hardware to ``elapsed_s`` seconds after start."""
+    def advance(self, elapsed_s: float, always_render: bool = True) -> None:
+        """Bring the simulated hardware to ``elapsed_s`` seconds after start.
+
+        The ticker passes ``always_render=False`` so an idle simulation rewrites nothing (the
+        daemon's steady-state cost is then measurable on a simulated node); direct calls
+        re-render whatever a test changed in the spec.
+        """
         from gpu_monitor.sim.sysfs_tree import update_tree
 
         with self._lock:
+            changed = always_render
             since = self._elapsed
             self._elapsed = max(self._elapsed, elapsed_s)
             now = self._elapsed
@@ -260,22 +266,27 @@ class SimulatedNode:
                 since = at
                 self._pending.remove(item)
                 self._apply_scheduled(item)
+                changed = True
             self._accrue_violations(now - since)
             for port in self.spec.ib_ports:
                 down = any(start <= now < start + dur for start, dur in port.outages)
                 if down and port.state == "ACTIVE":
                     port.state, port.phys_state = "DOWN", "Polling"
                     port.link_downed += 1
+                    changed = True
                 elif not down and port.state == "DOWN":
                     port.state, port.phys_state = "ACTIVE", "LinkUp"
-            lines = sorted(self.spec.kmsg_lines, key=lambda t: t.after_s)
-            for line in lines[self._written_lines:]:
-                if line.after_s > now:
-                    break
-                self._append_kmsg(line.message, line.priority, line.after_s)
-                self._written_lines += 1
-            update_tree(self.root, self.spec)
-            self._write_state()
+                    changed = True
+            if self._written_lines < len(self.spec.kmsg_lines):
+                lines = sorted(self.spec.kmsg_lines, key=lambda t: t.after_s)
+                for line in lines[self._written_lines:]:
+                    if line.after_s > now:
+                        break
+                    self._append_kmsg(line.message, line.priority, line.after_s)
+                    self._written_lines += 1
+            if changed:
+                update_tree(self.root, self.spec)
+                self._write_state()
 
     def _accrue_violations(self, seconds: float) -> None:
         """Grow NVML's cumulative violation counters (nvmlDeviceGetViolationStatus) for the
@@ -313,7 +324,7 @@ class SimulatedNode:
         def loop() -> None:
             while not self._stop.is_set():
                 try:
-                    self.advance(clock.monotonic() - t0)
+                    self.advance(clock.monotonic() - t0, always_render=False)
                 except Exception:  # noqa: BLE001 - the simulation must not kill the daemon
                     pass
                 self._stop.wait(self.TICK_S)

@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client.exposition import generate_latest
 
 from gpu_monitor.check import Context
 from gpu_monitor.clock import FakeClock
@@ -62,11 +63,15 @@ def scrape(scenario: str, tmp_path: Path) -> str:
         for check in daemon.poll_checks:
             daemon.next_due[check.name] = clock.monotonic()
         daemon.tick(wait=True)
-        exporter = Exporter(build_registry(daemon, store, classes, clock), daemon.health)
+        registry = build_registry(daemon, store, classes, clock)
+        exporter = Exporter(registry, daemon.health)
         host, port = exporter.start("127.0.0.1:0")
         with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as resp:
             assert resp.status == 200
-            return resp.read().decode()
+            text = resp.read().decode()
+        # Our lean renderer is held to prometheus_client's reference output.
+        assert text == generate_latest(registry).decode()
+        return text
     finally:
         if exporter:
             exporter.stop()
