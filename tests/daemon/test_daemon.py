@@ -227,3 +227,72 @@ def test_parse_listen(text, want):
 def test_parse_listen_rejects_garbage():
     with pytest.raises(ValueError):
         parse_listen("localhost")
+
+
+class _GapSource:
+    """A kernel-log source whose reads hit a ring-buffer overrun (EPIPE -> KmsgGap)."""
+
+    path = "/dev/kmsg"
+
+    def __init__(self, batches):
+        self.batches = list(batches)
+
+    def read_available(self, max_records=None):
+        return self.batches.pop(0) if self.batches else []
+
+    def fileno(self):
+        raise OSError("no fd")
+
+    def close(self):
+        pass
+
+
+def test_ring_buffer_overrun_reports_unknown_and_keeps_following(sim_env):
+    from gpu_monitor.hw.kmsg import KmsgGap, parse_kmsg_record
+
+    _, ctx = sim_env()
+    check = KmsgCounter()
+    d = Daemon([check], ctx)
+    rec = parse_kmsg_record("4,500,1000,-;NVRM: Xid (PCI:0000:53:00): 79, pid=1, name=x")
+    d._kmsg_source = _GapSource([[KmsgGap(missed=12, reason="EPIPE")], [rec]])
+    d.pump_kmsg()
+    latest = {r.check: r for r in ctx.store.latest_results()}
+    assert latest["kmsg_counter"].status is Status.UNKNOWN
+    assert latest["kmsg_counter"].reason == "KmsgOverrun" and "12" in latest["kmsg_counter"].message
+    assert d.stats_snapshot()["kmsg_gaps"] == 1
+    d.pump_kmsg()
+    assert check.seen == [500]
+    d.shutdown()
+
+
+def test_sigterm_stops_the_daemon_cleanly(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    port_file = tmp_path / "port"
+    code = (
+        "import socket,sys\n"
+        "s=socket.socket(); s.bind(('127.0.0.1',0)); p=s.getsockname()[1]; s.close()\n"
+        f"open({str(port_file)!r},'w').write(str(p))\n"
+        "from gpu_monitor.cli import main\n"
+        "sys.exit(main(['daemon','--simulate','a100-sxm-8','--listen',f'127.0.0.1:{p}',"
+        "'--log-level','info']))\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                port = int(port_file.read_text())
+                if urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1).status == 200:
+                    break
+            except (OSError, ValueError):
+                time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "daemon stopped" in err

@@ -1,0 +1,25 @@
+"""docs/checks.md and docs/metrics.md are generated from the code; they must not drift."""
+
+from pathlib import Path
+
+import pytest
+
+from gpu_monitor import docs_gen
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+@pytest.mark.parametrize("name", sorted(docs_gen.TARGETS))
+def test_generated_doc_is_current(name):
+    want = docs_gen.TARGETS[name]()
+    have = (DOCS / name).read_text()
+    assert have == want, f"docs/{name} is stale: run `python -m gpu_monitor.docs_gen`"
+
+
+def test_every_exported_metric_is_documented():
+    from gpu_monitor.metrics import METRICS
+
+    golden = (Path(__file__).resolve().parents[1] / "golden" / "h100_faulty.prom").read_text()
+    exported = {line.split()[2] for line in golden.splitlines() if line.startswith("# TYPE")}
+    documented = {m.name for m in METRICS}
+    assert exported <= documented, f"undocumented: {exported - documented}"
