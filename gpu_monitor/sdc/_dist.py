@@ -1,0 +1,68 @@
+"""The few collectives the SDC checks use, over one data-parallel group.
+
+Why: every check works in group ranks (the ring, the vote) but reports global ranks, and must
+put its small tensors on the device the backend can move (CPU for gloo, the current CUDA device
+for NCCL). Each helper is one collective that every rank of the group calls with a tensor of the
+same shape, so no alarm path can leave a rank waiting alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Group:
+    """A process group as the checks see it."""
+
+    handle: Any  # the ProcessGroup, or None for the default group
+    size: int
+    rank: int  # this process's rank in the group
+    global_ranks: tuple[int, ...]  # group rank -> global rank
+    device: Any  # where collective tensors must live
+
+    def to_global(self, ranks):
+        return [self.global_ranks[r] for r in ranks]
+
+
+def group_of(handle=None) -> Group:
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            "gpu_monitor.sdc needs an initialised torch.distributed process group "
+            "(torch.distributed.init_process_group)"
+        )
+    size = dist.get_world_size(handle)
+    rank = dist.get_rank(handle)
+    if handle is None or handle is dist.group.WORLD:
+        ranks = tuple(range(size))
+    else:
+        ranks = tuple(dist.get_process_group_ranks(handle))
+    backend = str(dist.get_backend(handle)).lower()
+    if "nccl" in backend and "gloo" not in backend:
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
+    return Group(handle, size, rank, ranks, device)
+
+
+def all_gather(g: Group, t) -> Any:
+    """[size, *t.shape]: every rank's ``t`` (same shape and dtype on every rank)."""
+    import torch
+    import torch.distributed as dist
+
+    t = t.to(g.device).contiguous()
+    out = [torch.empty_like(t) for _ in range(g.size)]
+    dist.all_gather(out, t, group=g.handle)
+    return torch.stack(out)
+
+
+def all_gather_objects(g: Group, obj) -> list:
+    import torch.distributed as dist
+
+    out: list = [None] * g.size
+    dist.all_gather_object(out, obj, group=g.handle)
+    return out

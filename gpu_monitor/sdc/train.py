@@ -1,0 +1,353 @@
+"""The checked training loop: SPEC-SDC.md's checks 0-4, in that order, around each DDP step.
+
+Why one function owns the loop: the checks only mean something in a fixed order (audit decided
+before the forward; local gradients seen before the all-reduce; the ring audit after backward
+and before ``optimizer.step()`` while replicas still hold identical weights; the weight vote
+after the update; checkpoints only from steps with no alarm). A training script hands over its
+pieces (model, optimizer, batches, loss, batch rebuilder, checkpoint writer) and gets back either
+None (the batches ran out) or the first alarm.
+
+Guarantees:
+
+1. Every decision that leads to a collective is taken from data every rank has (gathered
+   tables, the step number), so every rank reaches every collective of an alarm path; an error
+   inside a replay on one rank is shared through the same gather and raised on all ranks.
+2. A step that raises a compute or reduced-gradient alarm is not applied: gradients are zeroed
+   and ``optimizer.step()`` is not called. A weights alarm blocks the checkpoint.
+3. ``save_checkpoint`` is called only on checkpoint steps with no alarm, with the last passing
+   audit and weight-check steps as tags.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from gpu_monitor.sdc import _dist
+from gpu_monitor.sdc.hooks import GradStats
+from gpu_monitor.sdc.localize import (
+    RECOMPUTE,
+    SOFTWARE_NOTE,
+    UNATTRIBUTABLE,
+    confirmation_work,
+    localize,
+    mismatched_pairs,
+    plan_confirmations,
+    software_problem,
+    target_of,
+    verdicts,
+)
+from gpu_monitor.sdc.replay import ROW, deterministic_mode, replay, result_row
+from gpu_monitor.sdc.schedule import Schedule
+from gpu_monitor.sdc.topology import check_topology
+from gpu_monitor.sdc.weights import find_divergent_ranks
+
+__all__ = ["train"]
+
+COMPUTE = "compute"
+REDUCED = "reduced gradient"
+WEIGHTS = "weights"
+
+_REPRODUCED_NOTE = (
+    "the replays reproduce the non-finite result: the data or the model produce it, "
+    "not a faulty GPU"
+)
+
+
+_NO_THIRD_NOTE = (
+    "no rank outside a mismatched pair can confirm it (a world of 2, or every other rank on the "
+    "target's node): those pairs are unattributable"
+)
+
+
+class ReplayFailed(RuntimeError):
+    """A replay raised on some rank; raised on every rank so none waits in a collective."""
+
+
+class _Loop:
+    def __init__(self, ddp_model, stats, optimizer, compute_loss, rebuild_batch, save_checkpoint,
+                 sched, start_step, scaler) -> None:
+        self.ddp = ddp_model
+        self.module = ddp_model.module
+        self.stats = stats
+        self.opt = optimizer
+        self.compute_loss = compute_loss
+        self.rebuild_batch = rebuild_batch
+        self.save_checkpoint = save_checkpoint
+        self.sched = sched
+        self.start_step = start_step
+        self.scaler = scaler
+        self.g: _dist.Group = stats.group
+        self.nodes: list[str] = []
+        self.last_audit_pass: int | None = None
+        self.last_weight_check_pass: int | None = None
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _scale(self):
+        return self.scaler.scale if self.scaler is not None else None
+
+    def _replay(self, batch, det: bool):
+        return replay(
+            self.module,
+            self.compute_loss,
+            batch,
+            params=self.stats.params,
+            with_grads=det,
+            grad_rows=self.stats.seen,
+            scale=self._scale(),
+        )
+
+    def _gather_rows(self, rows, error: BaseException | None):
+        """All-gather [k, ROW] result rows plus an error flag; raise everywhere if any failed."""
+        import torch
+
+        flag = torch.full((rows.shape[0], 1), 1 if error else 0, dtype=torch.int64)
+        table = _dist.all_gather(self.g, torch.cat([rows.to(flag.device), flag], 1))
+        failed = sorted({r for r in range(self.g.size) if bool(table[r, :, ROW].any())})
+        if failed:
+            who = self.g.to_global(failed)
+            if error is not None:
+                raise ReplayFailed(f"SDC replay failed on ranks {who}: {error!r}") from error
+            raise ReplayFailed(f"SDC replay failed on ranks {who} (see their logs)")
+        return table[:, :, :ROW].cpu()
+
+    def _rows(self, table, i):
+        return [tuple(table[r, i].tolist()) for r in range(self.g.size)]
+
+    def _alarm(self, step: int, check: str, first: int, *, applied: bool, nonfinite=(),
+               pairs=(), culprits=(), verdict_rows=(), suspects=None, note=None, audit=None,
+               tensors=None) -> dict:
+        glob = self.g.to_global
+        gr = self.g.global_ranks
+        vs = [
+            {
+                "pair": (gr[v["pair"][0]], gr[v["pair"][1]]),
+                "third": None if v["third"] is None else gr[v["third"]],
+                "suspect": None if v["suspect"] is None else gr[v["suspect"]],
+                "kind": v["kind"],
+            }
+            for v in verdict_rows
+        ]
+        named = set(glob(nonfinite)) | set(glob(culprits)) | {v["suspect"] for v in vs}
+        named |= set(suspects or [])
+        named.discard(None)
+        alarm = {
+            "step": step,
+            "check": check,
+            "nonfinite": glob(nonfinite),
+            "mismatched_pairs": [(gr[t], gr[r]) for t, r in pairs],
+            "culprits": glob(culprits),
+            "verdicts": vs,
+            "suspects": suspects,
+            "suspect_window": [first, step],
+            "last_audit_pass": self.last_audit_pass,
+            "last_weight_check_pass": self.last_weight_check_pass,
+            "named": sorted(named),
+            "note": note,
+            "applied": applied,
+            "audit": audit,
+        }
+        if tensors is not None:
+            alarm["tensors"] = tensors
+        return alarm
+
+    # -- check 2: ring replay, localize, confirm -------------------------------------------
+
+    def _ring(self, step: int, batch, loss, det: bool) -> dict:
+        import torch
+
+        g, off = self.g, self.sched.peer_offset
+        own_fps = None
+        if det:
+            own_fps = self.stats.grad_fps
+            if own_fps is None:
+                own_fps = torch.zeros(len(self.stats.params), 3, dtype=torch.int64)
+        own = result_row(loss, own_fps).cpu()
+        error = None
+        try:
+            target = target_of(g.rank, g.size, off)
+            rep = self._replay(self.rebuild_batch(step, target), det).cpu()
+        except Exception as e:  # shared below so that no rank waits alone
+            error, rep = e, torch.zeros(ROW, dtype=torch.int64)
+        table = self._gather_rows(torch.stack([own, rep]), error)
+        own_all, rep_all = self._rows(table, 0), self._rows(table, 1)
+        pairs = mismatched_pairs(own_all, rep_all, off)
+        loc = localize(pairs, g.size, off)
+        plans = plan_confirmations(loc.ambiguous, g.size, off, self.nodes)
+        vs = self._confirm(plans, step, batch, det, own_all, rep_all)
+        culprits = list(loc.culprits)
+        note = loc.note
+        named = culprits + [v["suspect"] for v in vs if v["suspect"] is not None]
+        if note is None and software_problem(named, g.size):
+            note, culprits = SOFTWARE_NOTE, []
+            vs = [dict(v, suspect=None, kind=UNATTRIBUTABLE) for v in vs]
+        elif note is None and any(p.third is None for p in plans):
+            note = _NO_THIRD_NOTE
+        return {"pairs": list(loc.pairs), "culprits": culprits, "verdicts": vs, "note": note}
+
+    def _confirm(self, plans, step: int, batch, det: bool, own_all, rep_all) -> list[dict]:
+        import torch
+
+        g = self.g
+        work_all = [confirmation_work(plans, r) for r in range(g.size)]
+        width = max((len(w) for w in work_all), default=0)
+        results: dict = {}
+        if width:
+            rows = torch.zeros(width, ROW, dtype=torch.int64)
+            error = None
+            try:
+                for i, (kind, t) in enumerate(work_all[g.rank]):
+                    b = batch if kind == RECOMPUTE else self.rebuild_batch(step, t)
+                    rows[i] = self._replay(b, det).cpu()
+            except Exception as e:
+                error = e
+            table = self._gather_rows(rows, error)
+            for r, work in enumerate(work_all):
+                for i, key in enumerate(work):
+                    results[(r, *key)] = tuple(table[r, i].tolist())
+        return verdicts(plans, own_all, rep_all, results, g.size, self.sched.peer_offset)
+
+    # -- check 3 -----------------------------------------------------------------------------
+
+    def _weights(self, step: int, *, preflight: bool) -> dict | None:
+        res = find_divergent_ranks(list(self.module.parameters()), self.g.handle)
+        if not res["diverged"]:
+            if not preflight:
+                self.last_weight_check_pass = step
+            return None
+        if preflight:
+            first = step
+        elif self.last_weight_check_pass is None:
+            first = self.start_step
+        else:
+            first = self.last_weight_check_pass + 1
+        note = "weight check before the first step" if preflight else None
+        if res["suspects"] is None:
+            extra = "replicas diverged with no strict majority: no suspect"
+            note = f"{note}; {extra}" if note else extra
+        return self._alarm(step, WEIGHTS, first, applied=not preflight,
+                           suspects=res["suspects"], note=note, tensors=res["tensors"])
+
+    # -- one step ----------------------------------------------------------------------------
+
+    def step(self, step: int, batch) -> dict | None:
+        import torch
+
+        sched, g = self.sched, self.g
+        audit = sched.is_audit(step)
+        det = sched.is_deterministic_audit(step)
+        self.stats.begin_step(record_fingerprints=det)
+        self.opt.zero_grad(set_to_none=True)
+        with deterministic_mode(det):
+            loss = self.compute_loss(self.ddp, batch)
+            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            # Clip now (replicas' gradients are reduced; weights untouched) so that check 1's
+            # per-rank norms and the reduced-gradient flag travel in one small all-gather: on a
+            # step without audit this is the only collective the checks add.
+            if self.scaler is not None:
+                self.scaler.unscale_(self.opt)
+            max_norm = sched.max_grad_norm if sched.max_grad_norm is not None else math.inf
+            total = torch.nn.utils.clip_grad_norm_(self.stats.params, max_norm)
+            head = torch.stack([
+                self.stats.local_sq_norm().to(total.device, torch.float64),
+                (~torch.isfinite(total)).to(torch.float64),
+            ])
+            heads = _dist.all_gather(g, head).tolist()
+            nonfinite = [r for r in range(g.size) if not math.isfinite(heads[r][0])]
+            bad = any(h[1] > 0 for h in heads)  # the MAX of the flags: every rank agrees
+            fire_nonfinite = bool(nonfinite) and self.scaler is None
+            ring = self._ring(step, batch, loss, det) if (audit or fire_nonfinite) else None
+        if fire_nonfinite or (ring and ring["pairs"]):
+            self.opt.zero_grad(set_to_none=True)
+            firsts = []
+            if fire_nonfinite:
+                firsts.append(step)
+            if audit and ring["pairs"]:
+                firsts.append(
+                    self.start_step if self.last_audit_pass is None else self.last_audit_pass + 1
+                )
+            note = ring["note"]
+            if fire_nonfinite and not ring["pairs"]:
+                note = _REPRODUCED_NOTE
+            return self._alarm(
+                step, COMPUTE, min(firsts), applied=False,
+                nonfinite=nonfinite if fire_nonfinite else [],
+                pairs=ring["pairs"], culprits=ring["culprits"], verdict_rows=ring["verdicts"],
+                note=note, audit="deterministic" if det else "loss",
+            )
+        if audit:
+            self.last_audit_pass = step
+        if bad and self.scaler is None:
+            self.opt.zero_grad(set_to_none=True)
+            return self._alarm(step, REDUCED, step, applied=False,
+                               note="the all-reduced gradient is not finite; no rank is named")
+        if self.scaler is not None:
+            if bad:
+                self.scaler.update()  # the scaler saw the inf too: a skipped step, not an alarm
+            else:
+                self.scaler.step(self.opt)
+                self.scaler.update()
+        else:
+            self.opt.step()
+
+        if sched.is_weight_check(step):
+            alarm = self._weights(step, preflight=False)
+            if alarm:
+                return alarm
+        if sched.is_checkpoint(step) and self.save_checkpoint is not None:
+            self.save_checkpoint(
+                step,
+                {
+                    "last_audit_pass": self.last_audit_pass,
+                    "last_weight_check_pass": self.last_weight_check_pass,
+                },
+            )
+        return None
+
+
+def train(
+    ddp_model: Any,
+    stats: GradStats,
+    optimizer: Any,
+    batches: Iterable[Any],
+    compute_loss: Callable[[Any, Any], Any],
+    rebuild_batch: Callable[[int, int], Any],
+    save_checkpoint: Callable[[int, dict], Any] | None,
+    sched: Schedule,
+    start_step: int = 0,
+    *,
+    scaler: Any = None,
+) -> dict | None:
+    """Run the steps of ``batches`` (numbered from ``start_step``) with the SDC checks.
+
+    Returns None when ``batches`` runs out, else the first alarm (see docs/sdc.md for its
+    fields). ``compute_loss(model, batch)`` must serve training (called with the DDP model) and
+    replay (called with the unwrapped module); ``rebuild_batch(step, rank)`` must return exactly
+    the micro-batch that data-parallel rank ``rank`` (rank within the DP group) trained on at
+    ``step``. ``scaler``: an fp16 ``GradScaler``; steps it skips are not alarms.
+    A collective from start to end: every rank of the DP group must call it.
+    """
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not isinstance(ddp_model, DistributedDataParallel):
+        raise TypeError(
+            f"gpu_monitor.sdc.train needs a DistributedDataParallel model, got {type(ddp_model).__name__}"
+        )
+    if not isinstance(stats, GradStats) or stats.ddp_model is not ddp_model:
+        raise ValueError("stats must be the value attach(ddp_model) returned for this model")
+    if not isinstance(sched, Schedule):
+        raise TypeError(f"sched must be a gpu_monitor.sdc.Schedule, got {type(sched).__name__}")
+    loop = _Loop(ddp_model, stats, optimizer, compute_loss, rebuild_batch, save_checkpoint,
+                 sched, int(start_step), scaler)
+    loop.nodes = check_topology(stats.group.handle, sched.peer_offset)
+    if sched.check_every or sched.check_on_checkpoint:
+        alarm = loop._weights(int(start_step), preflight=True)
+        if alarm:
+            return alarm
+    for i, batch in enumerate(batches):
+        alarm = loop.step(int(start_step) + i, batch)
+        if alarm:
+            return alarm
+    return None

@@ -1,0 +1,329 @@
+"""Real DDP over gloo on 127.0.0.1 for the SDC tests: processes stand for GPUs, groups for nodes.
+
+One spawn runs a list of scenarios in sequence (starting processes and importing torch is the
+slow part on a 2-core machine), each with a fresh tiny model, DDP wrapper and ``attach``. A
+scenario is plain data (picklable): schedule, steps, faults. Faults are injected the ways the
+issue names: forward hooks on one layer's output (on the rank's own computation only, or also on
+the replays it does), parameter gradient hooks (backward-only), and direct weight edits right
+after an optimizer update or after a restore.
+
+The faulted layer is ``blocks[1].down``, whose output is added to the residual stream, so a
+wrong element always reaches the loss.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import pickle
+import socket
+import time
+import traceback
+from datetime import timedelta
+from typing import Any
+
+D_IN, D, H, CLASSES, BATCH = 12, 16, 32, 5, 8
+
+
+class Ctx:
+    """What the current computation is: set by compute_loss, read by the fault hooks."""
+
+    step: int = -1
+    own: bool = False
+
+
+CTX = Ctx()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_model(unused: bool = False):
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.up = nn.Linear(D, H)
+            self.down = nn.Linear(H, D)
+
+        def forward(self, x):
+            return x + self.down(torch.tanh(self.up(x)))
+
+    class TinyNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Linear(D_IN, D)
+            self.blocks = nn.ModuleList([Block(), Block()])
+            self.head = nn.Linear(D, CLASSES)
+            if unused:
+                self.spare = nn.Linear(D, D)  # never reached by forward
+
+        def forward(self, x):
+            h = self.emb(x)
+            for b in self.blocks:
+                h = b(h)
+            return self.head(h)
+
+    torch.manual_seed(1234)
+    return TinyNet()
+
+
+def make_batch(step: int, rank: int) -> dict:
+    import torch
+
+    g = torch.Generator().manual_seed(10007 * step + 31 * rank + 1)
+    return {
+        "x": torch.randn(BATCH, D_IN, generator=g),
+        "y": torch.randint(0, CLASSES, (BATCH,), generator=g),
+        "step": step,
+        "rank": rank,
+    }
+
+
+def compute_loss(model, batch):
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel
+
+    CTX.step = batch["step"]
+    CTX.own = isinstance(model, DistributedDataParallel)
+    return F.cross_entropy(model(batch["x"]), batch["y"])
+
+
+def _active(f: dict, rank: int) -> bool:
+    if rank not in f["ranks"]:
+        return False
+    if f.get("scope", "all") == "own" and not CTX.own:
+        return False
+    if "at" in f:
+        return CTX.step == f["at"]
+    return CTX.step >= f.get("from", 0)
+
+
+def _corrupt(t, how: str):
+    import torch
+
+    t = t.clone()
+    if how == "nan":
+        t.view(-1)[0] = float("nan")
+    else:
+        t.view(-1)[0] = t.view(-1)[0] * 1000.0
+    del torch
+    return t
+
+
+def _edit_weight(w, how: str) -> None:
+    import torch
+
+    with torch.no_grad():
+        bits = w.view(-1).view(torch.int32)
+        if how == "bitflip22":
+            bits[3] ^= 1 << 22
+        elif how == "swap":
+            flat = w.view(-1)
+            a, b = flat[3].clone(), flat[7].clone()
+            flat[3], flat[7] = b, a
+        elif how == "compensate":
+            bits[3] += 4096
+            bits[7] -= 4096
+        else:
+            raise ValueError(how)
+
+
+def run_scenario(sc: dict, rank: int, world: int) -> dict:
+    """Build, inject, train; what this rank saw."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from gpu_monitor.sdc import Schedule, attach, fingerprints, rank_map, train, write_report
+
+    if sc.get("kind") == "divergent":
+        return run_divergent(sc, rank)
+
+    model = make_model(unused=sc.get("unused", False))
+    ddp = DDP(model, find_unused_parameters=sc.get("unused", False))
+    stats = attach(ddp)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    layer = model.blocks[1].down
+    out: dict[str, Any] = {"applied": [], "saves": [], "edits": {}, "saved_fp": {}}
+    faults = sc.get("faults", [])
+
+    def fwd_hook(mod, inp, output):
+        for f in faults:
+            if f["type"] == "forward" and _active(f, rank):
+                return _corrupt(output, f.get("value", "x1000"))
+        return None
+
+    def grad_hook(g):
+        for f in faults:
+            if f["type"] == "grad" and _active(f, rank):
+                return _corrupt(g, "x1000")
+        return None
+
+    layer.register_forward_hook(fwd_hook)
+    layer.weight.register_hook(grad_hook)
+
+    def post_step(optimizer, args, kwargs):
+        out["applied"].append(CTX.step)
+        for f in faults:
+            if f["type"] == "weight" and rank in f["ranks"] and CTX.step == f["at"]:
+                before = fingerprints([layer.weight])[0].tolist()
+                _edit_weight(layer.weight, f["edit"])
+                out["edits"][CTX.step] = (before, fingerprints([layer.weight])[0].tolist())
+
+    opt.register_step_post_hook(post_step)
+    _patch_reduction(faults, rank)
+    checkpoints: dict[int, Any] = {}
+
+    def save_checkpoint(step, tags):
+        out["saves"].append((step, dict(tags)))
+        out["saved_fp"][step] = fingerprints([p for p in model.parameters()]).sum(0).tolist()
+        checkpoints[step] = (copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict()))
+
+    if sc.get("rebuild") == "different":
+        def rebuild(step, r):
+            return make_batch(step, r + 1000)
+    elif sc.get("rebuild") == "raises_on_2":
+        def rebuild(step, r):
+            if rank == 2:
+                raise OSError("the data loader of rank 2 lost its shard")
+            return make_batch(step, r)
+    else:
+        rebuild = make_batch
+    scaler = torch.amp.GradScaler("cpu") if sc.get("scaler") else None
+    where = rank_map() if sc.get("report") else None
+    sched = Schedule(**sc["sched"])
+    steps = sc["steps"]
+    start = sc.get("start_step", 0)
+
+    def batches(a, b):
+        return (make_batch(s, rank) for s in range(a, b))
+
+    det_before = torch.are_deterministic_algorithms_enabled()
+    alarm = train(ddp, stats, opt, batches(start, start + steps), compute_loss, rebuild,
+                  save_checkpoint, sched, start_step=start, scaler=scaler)
+    out["alarm"] = alarm
+    out["det_restored"] = torch.are_deterministic_algorithms_enabled() == det_before
+    restore = sc.get("restore")
+    if restore and alarm is None:
+        # resume from the last checkpoint, corrupt one replica's weight, resume training
+        ckpt_step = max(checkpoints)
+        state, opt_state = checkpoints[ckpt_step]
+        model.load_state_dict(state)
+        opt.load_state_dict(opt_state)
+        if rank in restore["ranks"]:
+            _edit_weight(layer.weight, restore["edit"])
+        out["applied_before_restore"] = list(out["applied"])
+        out["applied"] = []
+        out["alarm"] = train(ddp, stats, opt, batches(ckpt_step + 1, ckpt_step + 1 + steps),
+                             compute_loss, rebuild, save_checkpoint, sched,
+                             start_step=ckpt_step + 1)
+    if where is not None and rank == 0 and out["alarm"] is not None:
+        out["report_path"] = write_report(out["alarm"], where, path=sc["report"])
+    return out
+
+
+def _patch_reduction(faults: list, rank: int) -> None:
+    """A fault in the all-reduce's result on one rank: wrap the stock hook the SDC hook calls."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    original = getattr(default_hooks, "_sdc_original_allreduce_hook", default_hooks.allreduce_hook)
+    default_hooks._sdc_original_allreduce_hook = original
+    wanted = [f for f in faults if f["type"] == "reduced" and rank in f["ranks"]]
+    if not wanted:
+        default_hooks.allreduce_hook = original
+        return
+
+    def corrupted(process_group, bucket):
+        fut = original(process_group, bucket)
+        if not any(CTX.step == f["at"] for f in wanted):
+            return fut
+
+        def poison(f):
+            t = f.value()
+            t = t[0] if isinstance(t, list) else t
+            t.view(-1)[0] = float("nan")
+            return t
+
+        return fut.then(poison)
+
+    default_hooks.allreduce_hook = corrupted
+
+
+def run_divergent(sc: dict, rank: int) -> dict:
+    """find_divergent_ranks on a mix of dtypes, with optional per-rank differences."""
+    import torch
+
+    from gpu_monitor.sdc import find_divergent_ranks
+
+    tensors = [
+        torch.arange(40, dtype=torch.float32) * 0.5,
+        torch.arange(10, dtype=torch.float16),
+        torch.arange(9, dtype=torch.int64).reshape(3, 3),
+        torch.tensor([True, False, True]),
+        torch.arange(6, dtype=torch.bfloat16),
+        torch.arange(4, dtype=torch.uint8),
+        torch.arange(12, dtype=torch.float64).reshape(3, 4).t(),  # not contiguous
+    ]
+    for r, index, value in sc.get("differ", []):
+        if rank == r:
+            tensors[index].view(-1)[0] = value
+    if sc.get("extra_tensor_on") == rank:
+        tensors.append(torch.zeros(3))
+    if sc.get("complex128"):
+        tensors.append(torch.zeros(2, dtype=torch.complex128))
+    return {"result": find_divergent_ranks(tensors)}
+
+
+def worker(rank: int, world: int, port: int, scenarios: list, outdir: str, per_node: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    if os.environ.get("SDC_HARNESS_DUMP"):
+        import faulthandler
+
+        faulthandler.dump_traceback_later(int(os.environ["SDC_HARNESS_DUMP"]), exit=False)
+    os.environ["NODE_NAME"] = f"node{rank // per_node}"
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        timeout=timedelta(seconds=int(os.environ.get("SDC_HARNESS_TIMEOUT", "90"))),
+    )
+    results = {}
+    try:
+        for sc in scenarios:
+            t0 = time.perf_counter()
+            try:
+                results[sc["name"]] = run_scenario(sc, rank, world)
+                results[sc["name"]]["seconds"] = time.perf_counter() - t0
+            except Exception as e:  # recorded; the test on this scenario fails with it
+                results[sc["name"]] = {"error": f"{type(e).__name__}: {e}",
+                                       "trace": traceback.format_exc()}
+            dist.barrier()
+    finally:
+        with open(os.path.join(outdir, f"rank{rank}.pkl"), "wb") as f:
+            pickle.dump(results, f)
+        dist.destroy_process_group()
+
+
+def spawn(scenarios: list, outdir: str, world: int = 6, per_node: int = 2) -> dict:
+    """Run ``scenarios`` on ``world`` processes; ``{name: [result of rank 0, 1, ...]}``."""
+    import torch.multiprocessing as mp
+
+    for attempt in range(3):  # another test may take the free port before rank 0 binds it
+        try:
+            mp.spawn(worker, args=(world, free_port(), scenarios, outdir, per_node),
+                     nprocs=world, join=True)
+            break
+        except mp.ProcessRaisedException as e:
+            if "address already in use" not in str(e).lower() or attempt == 2:
+                raise
+    per_rank = []
+    for r in range(world):
+        with open(os.path.join(outdir, f"rank{r}.pkl"), "rb") as f:
+            per_rank.append(pickle.load(f))
+    return {sc["name"]: [per_rank[r][sc["name"]] for r in range(world)] for sc in scenarios}
