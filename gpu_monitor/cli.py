@@ -123,7 +123,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run every enabled passive check once, print the report and exit")
     d.add_argument("--output", "-o", choices=("table", "json"), default="table")
     d.add_argument("--force", action="store_true")
+    d.add_argument("--dry-run", action="store_true",
+                   help="remediation decides, logs, events and counts, but changes nothing "
+                        "(config remediation.dry_run)")
     d.set_defaults(func=cmd_daemon)
+
+    from gpu_monitor.remediate.cli import register as register_remediation
+
+    register_remediation(sub)
     return parser
 
 

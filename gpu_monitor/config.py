@@ -90,6 +90,8 @@ class DaemonConfig:
     listen: str = DEFAULT_LISTEN  # host:port of /metrics and the HTTP API
     report_dir: str | None = None  # None: the daemon's default (see docs/configuration.md)
     kmsg_replay: bool = True  # replay the kernel ring buffer at start-up
+    bootstrap_on_start: bool = True  # run the bootstrap suite until the node has a recorded pass
+    bootstrap_retry_s: float = 600.0  # retry an undecided/failed bootstrap after this long
 
 
 @dataclass(frozen=True)
@@ -298,6 +300,8 @@ CONFIG_SCHEMA = Map({
         "listen": _Listen(),
         "report_dir": Nullable(Str(what="a directory path")),
         "kmsg_replay": Bool(),
+        "bootstrap_on_start": Bool(),
+        "bootstrap_retry_s": _POS,
     }),
     "remediation": Map({
         "enabled": Bool(),

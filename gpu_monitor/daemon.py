@@ -70,8 +70,10 @@ class DaemonStats:
 
 class Daemon:
     def __init__(self, checks: Sequence[Check], ctx: Context, tick_s: float = 0.1,
-                 kmsg_poll_s: float = 0.01, max_workers: int | None = None):
+                 kmsg_poll_s: float = 0.01, max_workers: int | None = None,
+                 remediator=None):
         self.checks = list(checks)
+        self.remediator = remediator
         self.ctx = ctx
         self.tick_s = tick_s
         self.kmsg_poll_s = kmsg_poll_s
@@ -107,6 +109,13 @@ class Daemon:
             self.ctx.store.record_run(outcome)
         except Exception as exc:  # noqa: BLE001 - keep monitoring even if history fails
             log.error("cannot store results of %s: %s", outcome.check, exc)
+            return
+        if self.remediator is not None:
+            # Stored first (guarantee 3), then handed to the policy; never blocks on the API.
+            try:
+                self.remediator.on_results(outcome.results)
+            except Exception as exc:  # noqa: BLE001
+                log.error("remediation could not take results of %s: %s", outcome.check, exc)
 
     def interval(self, check: Check) -> float:
         value = self.ctx.setting(check.name, "interval_s", check.interval)
@@ -289,6 +298,8 @@ class Daemon:
     # --- lifecycle ---------------------------------------------------------------------------------
 
     def start(self) -> None:
+        if self.remediator is not None:
+            self.remediator.start()
         self.open_kmsg()
         if self._kmsg_source is not None:
             self._kmsg_thread = threading.Thread(target=self._kmsg_loop, name="kmsg",
@@ -318,6 +329,11 @@ class Daemon:
 
     def shutdown(self) -> None:
         self.stop_event.set()
+        if self.remediator is not None:
+            try:
+                self.remediator.stop()
+            except Exception as exc:  # noqa: BLE001
+                log.warning("remediation did not stop cleanly: %s", exc)
         if self._kmsg_thread is not None:
             self._kmsg_thread.join(timeout=2)
         self.pool.shutdown(wait=True, cancel_futures=True)
@@ -339,15 +355,83 @@ def build_registry(daemon: Daemon, store, check_classes, clock, extra=()):
     return registry
 
 
+def _remediator(env, checks_for_retest):
+    """The node's remediator when remediation is enabled in the config (else None)."""
+    from gpu_monitor.hw.paths import DEFAULT_REPORT_DIR
+    from gpu_monitor.remediate import Remediator
+    from gpu_monitor.remediate.lifecycle import suite_retest
+
+    report_dir = env.config.daemon.report_dir
+    if report_dir is None and env.sim is None:
+        report_dir = DEFAULT_REPORT_DIR
+    return Remediator(
+        env.store, env.config, env.node, env.clock, None, env.host.runner,
+        paths=env.host.paths,
+        retest=suite_retest(checks_for_retest, env.context(force=True)),
+        namespace=os.environ.get("POD_NAMESPACE", "gpu-monitor"),
+        report_dir=report_dir, watch_reports=True,
+    )
+
+
+def _node_client_factory(env, remediator):
+    if remediator is not None:
+        return lambda: remediator.node
+
+    def make():
+        from gpu_monitor.remediate.kube import Kube, NodeClient, load_api_client
+
+        return NodeClient(Kube(load_api_client(), env.clock), env.node)
+
+    return make
+
+
+def _bootstrap_gate_thread(env, daemon: Daemon, remediator) -> threading.Thread | None:
+    """Runs the bootstrap suite in the background until the node has a recorded pass."""
+    from gpu_monitor.cli import _select_checks
+    from gpu_monitor.remediate.bootstrap_gate import BootstrapGate
+    from gpu_monitor.runner import run_suite
+
+    if not env.config.daemon.bootstrap_on_start:
+        return None
+    checks = _select_checks(env, kinds={Kind.BOOTSTRAP})
+
+    def suite():
+        _, report = run_suite(checks, env.context(force=False))
+        return report
+
+    gate = BootstrapGate(env.store, suite, env.clock,
+                         node_client=_node_client_factory(env, remediator),
+                         dry_run=env.config.remediation.dry_run,
+                         retry_s=env.config.daemon.bootstrap_retry_s)
+
+    def loop() -> None:
+        while not daemon.stop_event.is_set():
+            try:
+                if gate.step() == "passed":
+                    return
+            except Exception as exc:  # noqa: BLE001 - retried after the retry period
+                log.error("bootstrap gate error: %s", exc, exc_info=True)
+            daemon.stop_event.wait(min(30.0, env.config.daemon.bootstrap_retry_s))
+
+    thread = threading.Thread(target=loop, name="bootstrap-gate", daemon=True)
+    thread.start()
+    return thread
+
+
 def run_daemon(env, args) -> int:
+    import dataclasses
+
     from gpu_monitor.cli import UsageError, _select_checks, emit
     from gpu_monitor.exporter import Exporter
 
+    if getattr(args, "dry_run", False):
+        env.config = dataclasses.replace(
+            env.config, remediation=dataclasses.replace(env.config.remediation, dry_run=True))
     checks = _select_checks(env, kinds={Kind.PASSIVE})
     ctx = env.context(force=getattr(args, "force", False), one_shot=bool(args.once))
     env.host.start(env.clock)
-    daemon = Daemon(checks, ctx)
     if args.once:
+        daemon = Daemon(checks, ctx)
         started = env.clock.now()
         outcomes = daemon.run_once()
         daemon.shutdown()
@@ -356,8 +440,21 @@ def run_daemon(env, args) -> int:
                         results=tuple(r for o in outcomes for r in o.results))
         emit(report, args.output)
         return report.exit_code
+    remediator = None
+    extra = []
+    if env.config.remediation.enabled:
+        from gpu_monitor.remediate.metrics import remediation_collector
+
+        # The retest after a GPU reset is the bootstrap suite minus the kernel-log scan (its
+        # one-shot run would re-report the Xid that caused the quarantine).
+        retest_checks = [c for c in _select_checks(env, kinds={Kind.BOOTSTRAP})
+                         if c.name != "xid"]
+        remediator = _remediator(env, retest_checks)
+        extra.append(remediation_collector(env.store))
+    daemon = Daemon(checks, ctx, remediator=remediator)
     listen = args.listen or env.config.daemon.listen
-    registry = build_registry(daemon, env.store, [type(c) for c in checks], env.clock)
+    registry = build_registry(daemon, env.store, [type(c) for c in checks], env.clock,
+                              extra=extra)
     exporter = Exporter(registry, daemon.health, ready=daemon.replayed.is_set)
     try:
         exporter.start(listen)
@@ -366,8 +463,11 @@ def run_daemon(env, args) -> int:
         raise UsageError(f"cannot listen on {listen}: {exc}") from None
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, daemon.stop)
-    log.info("gpu-monitor daemon started on %s (%s) with %d passive checks",
-             env.node, env.host.description, len(checks))
+    log.info("gpu-monitor daemon started on %s (%s) with %d passive checks; remediation %s",
+             env.node, env.host.description, len(checks),
+             "off" if remediator is None else
+             ("dry-run" if env.config.remediation.dry_run else "on"))
+    _bootstrap_gate_thread(env, daemon, remediator)
     try:
         daemon.run()
     finally:

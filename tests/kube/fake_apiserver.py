@@ -252,6 +252,7 @@ class FakeApiServer(SeedingMixin, HttpFrontMixin):
         self._changes.append(
             _Change(self._rv, res.store_key, event, copy.deepcopy(obj), copy.deepcopy(old))
         )
+        self._trim_history()
         self._changed.notify_all()
         self._after_write(res, obj)
         return obj
@@ -263,6 +264,7 @@ class FakeApiServer(SeedingMixin, HttpFrontMixin):
         final = copy.deepcopy(old)
         final["metadata"]["resourceVersion"] = str(self._rv)
         self._changes.append(_Change(self._rv, res.store_key, "DELETED", final, old))
+        self._trim_history()
         self._changed.notify_all()
         if res.store_key == ("", "pods"):
             rt = self._pods.pop(key, None)
@@ -334,6 +336,16 @@ class FakeApiServer(SeedingMixin, HttpFrontMixin):
     @property
     def resource_version(self) -> int:
         return self._rv
+
+    MAX_HISTORY = 5000
+
+    def _trim_history(self) -> None:
+        """Keep the watch history bounded, as etcd's compaction does: a watch from a
+        resourceVersion older than what is kept gets 410 Gone."""
+        if len(self._changes) > self.MAX_HISTORY:
+            drop = len(self._changes) - self.MAX_HISTORY
+            self._compacted_rv = self._changes[drop - 1].rv
+            del self._changes[:drop]
 
     def compact(self) -> None:
         """Forget the watch history (etcd compaction): older resourceVersions now get 410 Gone."""

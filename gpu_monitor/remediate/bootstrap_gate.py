@@ -1,0 +1,151 @@
+"""The provisioning gate: a new node stays unschedulable until its bootstrap suite passes.
+
+Nodes join with the taint ``gpu-monitor.io/bootstrap:NoSchedule`` (kubelet
+``--register-with-taints``). The daemon, not an init container, runs the bootstrap suite when
+the node has no recorded pass: an init container that fails crash-loops and re-burns the GPUs on
+every restart, while the daemon records its verdict in the state store and retries on its own
+schedule.
+
+Contract:
+1. A pass is recorded in the store (``bootstrap``/``passed``) before the taint is removed, so a
+   crash in between only repeats an idempotent removal.
+2. A failed or undecided suite keeps the taint and sets the NodeCondition
+   ``GpuMonitorBootstrapFailed=True`` with the failing reasons, plus an Event; it is retried after
+   ``daemon.bootstrap_retry_s``.
+3. In dry-run nothing is written to the node: the decision is logged and evented only.
+4. With no Kubernetes API (a laptop, ``--simulate``) the suite still runs and its verdict is
+   recorded; the taint part is skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_monitor.model import Report, Status, Verdict, iso
+
+log = logging.getLogger(__name__)
+
+BOOTSTRAP_TAINT = "gpu-monitor.io/bootstrap"
+CONDITION = "GpuMonitorBootstrapFailed"
+KV_NAMESPACE = "bootstrap"
+KV_PASSED = "passed"
+KV_LAST = "last"
+
+
+@dataclass(frozen=True)
+class _Cond:
+    type: str
+    status: str
+    reason: str
+    message: str
+
+
+class BootstrapGate:
+    def __init__(self, store, run_suite: Callable[[], Report], clock,
+                 node_client: Callable[[], Any] | None = None, dry_run: bool = True,
+                 retry_s: float = 600.0):
+        self.store = store
+        self.run_suite = run_suite
+        self.clock = clock
+        self.node_client = node_client
+        self.dry_run = dry_run
+        self.retry_s = retry_s
+        self._last_attempt: float | None = None
+
+    def passed(self) -> bool:
+        return bool(self.store.get_kv(KV_NAMESPACE, KV_PASSED))
+
+    def due(self) -> bool:
+        if self._last_attempt is None:
+            return True
+        return self.clock.monotonic() - self._last_attempt >= self.retry_s
+
+    def step(self) -> str:
+        """Run what is due: ``passed`` (recorded, taint released), ``failed``, ``unknown``,
+        or ``waiting`` (nothing due)."""
+        if self.passed():
+            self._release_taint()
+            return "passed"
+        if not self.due():
+            return "waiting"
+        self._last_attempt = self.clock.monotonic()
+        report = self.run_suite()
+        now = self.clock.now()
+        verdict = report.verdict
+        bad = [r for r in report.results if r.status in (Status.FAILED, Status.UNKNOWN)]
+        summary = ", ".join(sorted({f"{r.check}/{r.reason}@{r.target}" for r in bad})[:10])
+        self.store.set_kv(KV_NAMESPACE, KV_LAST, {"at": iso(now), "verdict": verdict.value,
+                                                  "problems": summary})
+        if verdict is Verdict.HEALTHY:
+            self.store.set_kv(KV_NAMESPACE, KV_PASSED, iso(now))
+            log.info("bootstrap suite passed (%d results)", len(report.results))
+            self._publish(_Cond(CONDITION, "False", "BootstrapPassed",
+                                "the bootstrap suite passed"), "BootstrapPassed",
+                          "gpu-monitor bootstrap suite passed", "Normal")
+            self._release_taint()
+            return "passed"
+        reason = "BootstrapFailed" if verdict is Verdict.UNHEALTHY else "BootstrapUndecided"
+        message = (f"bootstrap suite verdict {verdict.value}: {summary or 'no detail'}; "
+                   f"the {BOOTSTRAP_TAINT} taint stays; retry in {self.retry_s:g} s")
+        log.warning("%s", message)
+        self._publish(_Cond(CONDITION, "True", reason, message[:1000]), reason, message,
+                      "Warning")
+        return "failed" if verdict is Verdict.UNHEALTHY else "unknown"
+
+    # --- the node -----------------------------------------------------------------------------
+
+    def _client(self):
+        if self.node_client is None:
+            return None
+        try:
+            return self.node_client()
+        except Exception as exc:  # noqa: BLE001 - no API: record locally, touch nothing
+            log.info("no Kubernetes API for the bootstrap gate: %s", exc)
+            return None
+
+    def _publish(self, cond: _Cond, reason: str, message: str, type_: str) -> None:
+        node = self._client()
+        if node is None:
+            return
+        try:
+            node.event(reason, message, type=type_)
+            if self.dry_run:
+                log.info("dry-run: would set condition %s=%s (%s)", cond.type, cond.status,
+                         cond.reason)
+                return
+            node.sync_conditions([cond], self.clock.now(), force=True)
+        except Exception as exc:  # noqa: BLE001 - retried on the next step
+            log.warning("could not publish the bootstrap verdict: %s", exc)
+
+    def _release_taint(self) -> None:
+        node = self._client()
+        if node is None:
+            return
+        try:
+            view = node.read()
+            if view.taint(BOOTSTRAP_TAINT) is None:
+                return
+            if self.dry_run:
+                log.info("dry-run: would remove the %s taint", BOOTSTRAP_TAINT)
+                return
+
+            def build(v) -> list[dict]:
+                i = v.taint_index(BOOTSTRAP_TAINT)
+                if i is None:
+                    return []
+                return [{"op": "test", "path": f"/spec/taints/{i}", "value": v.taints[i]},
+                        {"op": "remove", "path": f"/spec/taints/{i}"}]
+
+            node._guarded(build, view)
+            log.info("removed the %s taint: the node is open for workloads", BOOTSTRAP_TAINT)
+        except Exception as exc:  # noqa: BLE001 - retried on the next step
+            log.warning("could not remove the %s taint: %s", BOOTSTRAP_TAINT, exc)
+
+
+def bootstrap_checks(classes: Sequence[type]) -> list[type]:
+    from gpu_monitor.model import Kind
+
+    return [c for c in classes if c.kinds & {Kind.BOOTSTRAP}]

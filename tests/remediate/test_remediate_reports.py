@@ -1,0 +1,178 @@
+"""Health reports about this node (GPUHealthReport objects, dropped files) and about others."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from remediate_helpers import (
+    FakeApiServer,
+    Resets,
+    kube_for,
+    our_conditions,
+    remediator,
+    seed_breaker,
+    writes_to,
+)
+
+from gpu_monitor.clock import FakeClock
+from gpu_monitor.model import Action, Status
+from gpu_monitor.remediate.reports import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    ReportError,
+    ReportSource,
+    parse_report_file,
+    report_object,
+)
+from gpu_monitor.state import Store
+
+NODE = "gpu-node-1"
+OTHER = "gpu-node-2"
+NS = "gpu-monitor"
+T0 = datetime(2026, 5, 1, 12, 0, tzinfo=timezone.utc)
+
+
+@pytest.fixture
+def fake():
+    server = FakeApiServer().start()
+    server.add_node(NODE, gpus=8)
+    server.add_node(OTHER, gpus=8)
+    seed_breaker(server)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def create(fake, node, reason="SdcAlarm", labelled=None, at=None):
+    kube = kube_for(fake)
+    body = report_object(node, reason, "sdc-library", {"step": 1200, "ranks": [3]},
+                         at or datetime.now(timezone.utc), NS)
+    if labelled is not None:
+        body["metadata"]["labels"]["gpu-monitor.io/node"] = labelled
+    return kube.create_custom(GROUP, VERSION, NS, PLURAL, body)
+
+
+def test_a_report_for_this_node_quarantines_it_and_one_for_another_node_is_ignored(
+        fake, tmp_path):
+    create(fake, NODE)
+    create(fake, OTHER)
+    create(fake, OTHER, labelled=NODE)  # mislabelled: spec.node decides
+    resets = Resets()
+    r = remediator(fake, tmp_path, resets=resets, retest=None)
+    r.tick()
+    node = fake.node(NODE)
+    cond = our_conditions(node)["GPUHealthReported"]
+    assert (cond["status"], cond["reason"]) == ("True", "SdcAlarm")
+    assert node["spec"]["unschedulable"] is True  # SdcAlarm: quarantine, reset, retest
+    assert resets.calls == [None]  # a node-wide report: every GPU
+    assert r.store.health_report_counts() == {"SdcAlarm": 1}
+    assert r.reports.ignored == 1
+    assert writes_to(fake, f"/api/v1/nodes/{OTHER}") == []  # never a write to the other node
+    assert writes_to(fake, f"/api/v1/nodes/{OTHER}/status") == []
+    lst = [q for q in fake.requests if q.path.endswith("/gpuhealthreports")
+           and q.method == "GET"][0]
+    assert lst.params["labelSelector"] == f"gpu-monitor.io/node={NODE}"
+
+
+def test_each_report_acts_once_across_restarts(fake, tmp_path):
+    create(fake, NODE)
+    store = Store.open(":memory:")
+    src = ReportSource(NODE, store, FakeClock(datetime.now(timezone.utc)), kube=kube_for(fake),
+                       namespace=NS)
+    assert len(src.poll()) == 1
+    again = ReportSource(NODE, store, FakeClock(datetime.now(timezone.utc)), kube=kube_for(fake),
+                         namespace=NS)
+    assert again.poll() == []
+    create(fake, NODE, reason="FabricProbeFailed")
+    got = again.poll()
+    assert [(x.reason, x.action) for x in got] == [("FabricProbeFailed", Action.RESET_GPU)]
+
+
+def test_an_old_report_is_recorded_but_not_acted_on(fake):
+    create(fake, NODE, at=datetime.now(timezone.utc) - timedelta(days=3))
+    store = Store.open(":memory:")
+    src = ReportSource(NODE, store, FakeClock(datetime.now(timezone.utc)), kube=kube_for(fake),
+                       namespace=NS)
+    assert src.poll() == [] and store.health_report_counts() == {"SdcAlarm": 1}
+
+
+def test_a_missing_crd_is_not_an_error(fake):
+    kube = kube_for(fake)
+    src = ReportSource(NODE, Store.open(":memory:"), FakeClock(T0), kube=kube,
+                       namespace="no-such-namespace")
+    fake.inject("GET", r"/apis/gpu-monitor\.io/.*", 404, times=1)
+    assert src.poll() == []
+
+
+# --- dropped files ----------------------------------------------------------------------------------
+
+
+def sdc_report(nodes, now="2026-05-01T12:00:00.000000Z"):
+    from gpu_monitor.sdc.report import build_report
+
+    alarm = {"step": 1200, "check": "audit", "culprits": [0], "nonfinite": [],
+             "verdicts": [], "suspects": None}
+    rank_map = [{"rank": 0, "node": nodes[0], "gpu_uuid": "GPU-aaaa"}] + [
+        {"rank": i, "node": n, "gpu_uuid": None} for i, n in enumerate(nodes[1:], 1)]
+    report = build_report(alarm, rank_map, job="train-7", now=now)
+    report["nodes"] = sorted(set(nodes))
+    return report
+
+
+FILES = [
+    # (id, document, reports for NODE)
+    ("the sdc library's report naming this node", sdc_report([NODE]), ["SdcAlarm"]),
+    ("an sdc report naming only others", sdc_report([OTHER]), []),
+    ("an sdc report naming both", sdc_report([OTHER, NODE]), ["SdcAlarm"]),
+    ("a bare spec", {"node": NODE, "reason": "NvlinkProbeFailed", "source": "fabric-prober",
+                     "observedTime": "2026-05-01T12:00:00Z", "evidence": {"link": 4}},
+     ["NvlinkProbeFailed"]),
+    ("a whole GPUHealthReport", report_object(NODE, "SdcAlarm", "x", {}, T0, NS), ["SdcAlarm"]),
+    ("a reason that is not a token is made one", {"node": NODE, "reason": "sdc alarm!"},
+     ["SdcAlarm"]),
+]
+
+
+@pytest.mark.parametrize("doc,want", [c[1:] for c in FILES], ids=[c[0] for c in FILES])
+def test_report_files(doc, want):
+    got = parse_report_file(json.dumps(doc), NODE, "r.json", T0)
+    assert [x.reason for x in got] == want
+    for x in got:
+        res = x.result()
+        assert res.status is Status.FAILED and res.check == "health_report"
+
+
+BAD = [
+    ("not JSON", "{"),
+    ("not an object", "[1]"),
+    ("no node", json.dumps({"reason": "SdcAlarm"})),
+    ("bad time", json.dumps({"node": NODE, "observedTime": "yesterday"})),
+]
+
+
+@pytest.mark.parametrize("text", [c[1] for c in BAD], ids=[c[0] for c in BAD])
+def test_malformed_report_files_raise_a_report_error(text):
+    with pytest.raises(ReportError):
+        parse_report_file(text, NODE, "r.json", T0)
+
+
+def test_drop_directory_feeds_the_policy_and_skips_junk(fake, tmp_path):
+    from gpu_monitor.model import iso
+
+    drop = tmp_path / "reports"
+    drop.mkdir()
+    (drop / "sdc-1.json").write_text(json.dumps(sdc_report([NODE], iso(datetime.now(
+        timezone.utc)))))
+    (drop / "junk.json").write_text("{")
+    (drop / ".sdc-tmp.json").write_text(json.dumps(sdc_report([NODE])))  # in-flight write
+    (drop / "notes.txt").write_text("hello")
+    r = remediator(fake, tmp_path / "r", resets=Resets(), retest=None, report_dir=str(drop))
+    r.tick()
+    assert r.store.health_report_counts() == {"SdcAlarm": 1}
+    assert fake.node(NODE)["spec"]["unschedulable"] is True
+    r.tick()
+    assert r.store.health_report_counts() == {"SdcAlarm": 1}
