@@ -5,9 +5,12 @@ PCIe, NVLink), then DCGM, RDMA loopback, burn-in, NCCL and the SDC probe. Import
 loads none of torch, pynvml or kubernetes; checks import heavy modules lazily.
 """
 
+from checks.burn_in import BurnIn
 from checks.dcgm_diag import DcgmDiag
 from checks.ecc_memory import EccMemory
 from checks.inventory import Inventory
+from checks.nccl_allreduce import NcclAllreduce
+from checks.nvlink_peer import NvlinkPeer
 from checks.nvlink_state import NvlinkState
 from checks.nvswitch import NvSwitch
 from checks.pcie import Pcie
@@ -29,8 +32,11 @@ ALL_CHECKS = (
     Temperature,
     EccMemory,
     Pcie,
+    NvlinkPeer,
     DcgmDiag,
     RdmaLoopback,
+    BurnIn,
+    NcclAllreduce,
 )
 
 __all__ = ["ALL_CHECKS"]

@@ -325,13 +325,14 @@ class BurnIn(Check):
         s = _settings(ctx)
         pool = WorkerPool(ctx.host.worker)
         per_turn = s["duration_s"] / pool.rounds
-        timeout = float(ctx.setting(self.name, "timeout_s", 0) or 0) or 2 * per_turn + 60
+        budget = _budget(ctx, self.name, self.timeout)
         args = {k: s[k] for k in ("matrix_size", "dtypes", "duration_s", "reference_block",
                                   "reference_interval_s")} | {"seed": SEED}
         telemetry = Telemetry(nvml, [r.index for r in refs])
         started = time.monotonic()
         outcomes = pool.run([Task("checks.burn_in:burn_worker", (r,), args) for r in refs],
-                            timeout_s=timeout, on_tick=telemetry.sample)
+                            timeout_s=2 * per_turn * len(s["dtypes"]) + 30, budget_s=budget,
+                            on_tick=telemetry.sample)
         wall = time.monotonic() - started
         measured = {o.task.devices[0].index: o.value for o in outcomes if o.ok and o.value}
         per, node, summary = judge(measured, telemetry.devices, s["limits"])
@@ -395,6 +396,13 @@ class BurnIn(Check):
                                     "message": f.message} for f in findings]
         return self.result(ctx, top.status, target, top.reason, f"{target}: {top.message}",
                            details, top.action)
+
+
+def _budget(ctx: Context, name: str, default: float) -> float:
+    """The workers' share of the check's time budget (``timeout_s``; the runner stops the
+    check a little after it): what is left is for reading NVML and judging."""
+    budget = float(ctx.setting(name, "timeout_s", default) or default)
+    return budget - min(5.0, 0.05 * budget)
 
 
 def _settings(ctx: Context) -> dict[str, Any]:

@@ -287,10 +287,11 @@ class NcclAllreduce(Check):
         )
         args = {"sizes": sizes, "iterations": int(get("iterations", 20)),
                 "warmup_iterations": int(get("warmup_iterations", 5))}
-        timeout = float(get("timeout_s", 0) or 0) or 300.0
+        budget = float(get("timeout_s", self.timeout) or self.timeout)
+        budget -= min(5.0, 0.05 * budget)  # the rest is for judging
         pool = WorkerPool(ctx.host.worker)
         outcomes = pool.run([Task("checks.nccl_allreduce:allreduce_worker", (r,), args)
-                             for r in refs], timeout_s=timeout, gang=True)
+                             for r in refs], timeout_s=600.0, budget_s=budget, gang=True)
         base = {"world_size": len(refs), "sizes": sizes, "iterations": args["iterations"],
                 "warmup_iterations": args["warmup_iterations"],
                 "busbw_floor_gb_per_s": limits.busbw_floor_gb_per_s,

@@ -127,10 +127,11 @@ class NvlinkPeer(Check):
             args = {"copy_bytes": int(get("copy_bytes", 256 << 20)),
                     "repeats": int(get("repeats", 5))}
             pool = WorkerPool(ctx.host.worker)
-            timeout = float(get("timeout_s", 0) or 0) or 300.0
+            budget = float(get("timeout_s", self.timeout) or self.timeout)
+            budget -= min(5.0, 0.05 * budget)  # the rest is for the counters and judging
             task = Task("checks.nvlink_peer:peer_worker", tuple(refs), args,
                         label="peer copies")
-            (outcome,) = pool.run([task], timeout_s=timeout, rounds=1)
+            (outcome,) = pool.run([task], timeout_s=600.0, budget_s=budget, rounds=1)
             if outcome.ok and outcome.value:
                 for pair in outcome.value["pairs"]:
                     matrix[pos[pair["src"]]][pos[pair["dst"]]] = round(pair["gb_per_s"], 4)

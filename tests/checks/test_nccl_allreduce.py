@@ -171,11 +171,11 @@ def test_simulated_wrong_results_fail_naming_the_device():
 
 
 def test_a_rank_that_hangs_is_killed_and_named_by_its_progress():
-    res = run_sim(3, checks={**SMALL_SWEEP, "timeout_s": 3},
+    res = run_sim(3, checks={**SMALL_SWEEP, "timeout_s": 15},
                   env={TEST_FAULT_ENV: "hang@gpu:2,at=9"})
     r = res["gpu:2"]
     assert r.status is Status.UNKNOWN and r.reason == "WorkerTimeout"
-    assert "worker for gpu:2 timed out after 3 s" in r.message
+    assert r.message.startswith("worker for gpu:2 timed out after ")
     assert "the other ranks had reached step 9" in r.message
     assert sorted(r.details["stopped_ranks"]) == ["gpu:0", "gpu:1"]
     assert set(res) == {"gpu:2"}
