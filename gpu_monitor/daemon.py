@@ -195,8 +195,38 @@ class Daemon:
                                       f"cannot read the kernel log: {exc}")
             self.replayed.set()
             return
+        self._resume_file_position()
         self.pump_kmsg()
         self.replayed.set()
+
+    # A followed text log (journal/dmesg file) has no sequence numbers to de-duplicate by: the
+    # daemon saves how far it has read (device, inode, offset) and resumes there after a
+    # restart, so old lines are neither re-counted nor, within the same file, missed.
+    _KV_FILE_POS = "kmsg_file_position"
+
+    def _resume_file_position(self) -> None:
+        src, store = self._kmsg_source, self.ctx.store
+        if store is None or not hasattr(src, "resume"):
+            return
+        try:
+            saved = store.get_kv(self._KV_FILE_POS, src.path)
+            if saved and src.resume(tuple(saved)):
+                log.info("resuming the kernel log %s at byte %d", src.path, saved[2])
+        except Exception as exc:  # noqa: BLE001 - worst case: replay from the start
+            log.warning("cannot resume the kernel log position: %s", exc)
+
+    def _save_file_position(self) -> None:
+        src, store = self._kmsg_source, self.ctx.store
+        if store is None or not hasattr(src, "position"):
+            return
+        pos = src.position()
+        if pos is None or pos == getattr(self, "_saved_pos", None):
+            return
+        try:
+            store.set_kv(self._KV_FILE_POS, src.path, list(pos))
+            self._saved_pos = pos
+        except Exception as exc:  # noqa: BLE001
+            log.warning("cannot save the kernel log position: %s", exc)
 
     def _report_kmsg_problem(self, reason: str, message: str) -> None:
         for check in self.kmsg_checks:
@@ -254,6 +284,8 @@ class Daemon:
         if n:
             with self.stats.lock:
                 self.stats.kmsg_records += n
+        if items:
+            self._save_file_position()
         return n
 
     def _dispatch(self, record) -> None:

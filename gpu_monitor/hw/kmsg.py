@@ -920,6 +920,27 @@ class KmsgFileSource:
             return True
         return False
 
+    def position(self) -> tuple[int, int, int] | None:
+        """``(device, inode, offset)`` just past the last complete line handed out, for
+        resuming after a restart (None for a FIFO, which cannot be re-read)."""
+        if self._is_fifo or self._ident is None:
+            return None
+        return (self._ident[0], self._ident[1], self._offset - len(self._buf))
+
+    def resume(self, position: tuple[int, int, int]) -> bool:
+        """Continue from a ``position()`` saved earlier, when it is still the same file and not
+        truncated below it; False (and nothing changed) otherwise."""
+        if self._is_fifo or self._ident is None:
+            return False
+        dev, ino, offset = position
+        if (dev, ino) != self._ident or os.fstat(self._fd).st_size < offset:
+            return False
+        self._buf.clear()
+        self._skipping = False
+        self._asm = _Assembler()
+        self._offset = os.lseek(self._fd, offset, os.SEEK_SET)
+        return True
+
     def fileno(self) -> int:
         return self._fd
 

@@ -100,6 +100,25 @@ def test_restart_neither_double_counts_nor_misses_kmsg_records(sim_env, tmp_path
     d2 = Daemon([check2], ctx)
     d2.open_kmsg()
     assert check2.seen == [13]
+    d2.shutdown()
+
+
+def test_replayed_ring_buffer_is_deduplicated_by_boot_and_sequence(sim_env):
+    # /dev/kmsg hands the whole ring buffer to a new reader: records at or below the stored
+    # high-water mark of this boot are skipped. (Forget the file position to get that replay.)
+    node, ctx = sim_env()
+    path = ctx.host.paths.kmsg_path
+    for seq in (10, 11, 12):
+        append_kmsg(path, seq, f"NVRM: line {seq}")
+    d = Daemon([KmsgCounter()], ctx)
+    d.open_kmsg()
+    d.shutdown()
+    ctx.store.delete_kv(Daemon._KV_FILE_POS, path)
+    append_kmsg(path, 13, "NVRM: line 13")
+    check = KmsgCounter()
+    d2 = Daemon([check], ctx)
+    d2.open_kmsg()
+    assert check.seen == [13]
     assert d2.stats.kmsg_skipped_replay == 3
     d2.shutdown()
 
@@ -113,6 +132,7 @@ def test_new_boot_id_replays_everything(sim_env):
     d.shutdown()
     node.spec.boot_id = "00000000-0000-4000-8000-000000000001"
     node.advance(0.1)
+    ctx.store.delete_kv(Daemon._KV_FILE_POS, path)  # a new boot: a new ring buffer
     check = KmsgCounter()
     d2 = Daemon([check], ctx)
     d2.open_kmsg()
@@ -296,3 +316,45 @@ def test_sigterm_stops_the_daemon_cleanly(tmp_path):
             proc.kill()
     assert proc.returncode == 0, err
     assert "daemon stopped" in err
+
+
+def test_followed_text_log_resumes_after_restart_without_recounting(sim_env, tmp_path):
+    import dataclasses
+
+    _, ctx = sim_env()
+    log_path = tmp_path / "kern.log"
+    log_path.write_text(
+        "2025-01-02T15:20:12+0800 host kernel: NVRM: Xid (PCI:0000:53:00): 79, pid=1, a\n")
+    ctx.host.paths = dataclasses.replace(ctx.host.paths, kmsg=str(log_path))
+    first = KmsgCounter()
+    d = Daemon([first], ctx)
+    d.open_kmsg()
+    d.shutdown()
+    assert len(first.seen) == 1
+    with open(log_path, "a") as fh:
+        fh.write("2025-01-02T15:21:12+0800 host kernel: NVRM: Xid (PCI:0000:53:00): 48, b\n")
+    second = KmsgCounter()
+    d2 = Daemon([second], ctx)
+    d2.open_kmsg()
+    d2.shutdown()
+    assert len(second.seen) == 1  # only the new line; the old one is not counted again
+
+
+def test_rotated_text_log_is_read_from_its_start(sim_env, tmp_path):
+    import dataclasses
+    import os
+
+    _, ctx = sim_env()
+    log_path = tmp_path / "kern.log"
+    log_path.write_text("Jan  2 15:20:12 host kernel: NVRM: old line\n")
+    ctx.host.paths = dataclasses.replace(ctx.host.paths, kmsg=str(log_path))
+    d = Daemon([KmsgCounter()], ctx)
+    d.open_kmsg()
+    d.shutdown()
+    os.rename(log_path, tmp_path / "kern.log.1")
+    log_path.write_text("Jan  2 15:30:12 host kernel: NVRM: new file line\n")
+    check = KmsgCounter()
+    d2 = Daemon([check], ctx)
+    d2.open_kmsg()
+    d2.shutdown()
+    assert len(check.seen) == 1
