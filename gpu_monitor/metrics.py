@@ -61,6 +61,9 @@ METRICS: tuple[MetricDoc, ...] = (
               "1 while the NVML clock event reason is active on the GPU."),
     MetricDoc("gpu_monitor_gpu_temperature_celsius", "gauge", ("gpu", "uuid", "sensor"),
               "GPU temperature per sensor (core, memory)."),
+    MetricDoc("gpu_monitor_bootstrap_state", "gauge", ("state",),
+              "The provisioning gate: passed (a pass is recorded), failed, unknown (last suite "
+              "undecided) or pending (not run yet); 1 = current."),
     MetricDoc("gpu_monitor_kmsg_parse_errors_total", "counter", (),
               "Kernel-log lines that could not be parsed."),
     MetricDoc("gpu_monitor_kmsg_gaps_total", "counter", (),
@@ -68,6 +71,7 @@ METRICS: tuple[MetricDoc, ...] = (
 )
 
 STATUS_STATES = tuple(s.value for s in Status)
+BOOTSTRAP_STATES = ("passed", "failed", "unknown", "pending")
 PORT_STATES = ("active", "down", "init", "armed", "active_defer", "unknown")
 CLOCK_EVENTS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake", "sw_power_cap",
                 "sw_thermal_slowdown", "gpu_idle", "applications_clocks_setting",
@@ -128,6 +132,7 @@ class StoreCollector:
         yield from self._xid_metrics()
         yield from self._rdma_metrics(latest)
         yield from self._gpu_metrics(latest)
+        yield self._bootstrap_metric()
         stats = self.stats()
         for key, name in (("kmsg_parse_errors", "gpu_monitor_kmsg_parse_errors"),
                           ("kmsg_gaps", "gpu_monitor_kmsg_gaps")):
@@ -136,6 +141,23 @@ class StoreCollector:
             yield c
         for fn in self.extra:
             yield from fn()
+
+    def _bootstrap_metric(self):
+        state = "pending"
+        try:
+            if self.store.get_kv("bootstrap", "passed"):
+                state = "passed"
+            else:
+                last = self.store.get_kv("bootstrap", "last") or {}
+                verdict = last.get("verdict") if isinstance(last, dict) else None
+                state = {"unhealthy": "failed", "unknown": "unknown"}.get(verdict, state)
+        except Exception:  # noqa: BLE001 - a scrape never fails on one family
+            state = "pending"
+        g = GaugeMetricFamily("gpu_monitor_bootstrap_state", _help("gpu_monitor_bootstrap_state"),
+                              labels=["state"])
+        for s in BOOTSTRAP_STATES:
+            g.add_metric([s], 1.0 if s == state else 0.0)
+        return g
 
     # --- per-check -------------------------------------------------------------------------------
 

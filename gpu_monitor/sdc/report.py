@@ -187,7 +187,9 @@ def _in_cluster_api() -> tuple[Any, str] | None:
         config.load_incluster_config()
     except Exception:
         return None
-    namespace = os.environ.get("POD_NAMESPACE") or os.environ.get("GPU_MONITOR_NAMESPACE")
+    # The daemons watch reports in gpu-monitor's own namespace, not the training job's
+    # ($POD_NAMESPACE of the job would hide the report from them).
+    namespace = os.environ.get("GPU_MONITOR_NAMESPACE")
     return client.CustomObjectsApi(), namespace or "gpu-monitor"
 
 
@@ -196,7 +198,8 @@ def write_report(alarm: dict, rank_map: Sequence[dict] | None, path: str | None 
 
     ``path``: a file, or a directory (the file is named after job and step) - returns the file
     written. Without ``path``: in a Kubernetes pod with the ``kubernetes`` package, create one
-    ``GPUHealthReport`` per named node in ``$POD_NAMESPACE`` (default ``gpu-monitor``) and
+    ``GPUHealthReport`` per named node in ``$GPU_MONITOR_NAMESPACE`` (default ``gpu-monitor``,
+    where the daemons watch; the job needs RBAC to create them there) and
     return the created objects; else write into ``$GPU_MONITOR_REPORT_DIR`` or the daemon's
     default report directory when it exists; else raise ``RuntimeError``.
     """
