@@ -131,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     from gpu_monitor.remediate.cli import register as register_remediation
 
     register_remediation(sub)
+    from gpu_monitor.fabric.cli import register as register_fabric
+
+    register_fabric(sub)
     return parser
 
 

@@ -1,0 +1,15 @@
+"""Idle-time active checks: multi-node fabric probes, their scheduler and bisection, and
+periodic single-node checks on idle nodes (docs/fabric.md).
+
+- ``probe``: ``gpu-monitor fabric-probe``, one rank of an all-reduce/all-gather sweep under
+  torchrun or an Indexed Job (imports torch only when it runs);
+- ``bisect``: the pure bisection planner that names the bad node of a failed group;
+- ``idle``: when a node counts as idle and due, and the single-node active-check Job;
+- ``scheduler``: ``gpu-monitor fabric-scheduler``, the Lease-led Deployment that finds idle
+  nodes, launches probe Jobs, bisects failures and files ``GPUHealthReport`` objects;
+- ``cli``: the ``register`` functions the main command line calls.
+
+Importing this package imports none of torch, pynvml or kubernetes.
+"""
+
+from __future__ import annotations

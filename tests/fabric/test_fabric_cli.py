@@ -1,0 +1,85 @@
+"""The register functions: the three commands parse, and ``fabric-scheduler --once`` runs one
+round against the fake apiserver through the real argument handling."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from gpu_monitor.fabric import cli
+
+TEMPLATE = Path(__file__).resolve().parents[2] / "daemonset" / "fabric" / "job-template.yaml"
+
+
+def parser(api_factory=None):
+    p = argparse.ArgumentParser(prog="gpu-monitor")
+    sub = p.add_subparsers(dest="command")
+    cli.register(sub, api_factory)
+    return p
+
+
+def test_the_three_commands_are_registered():
+    p = parser()
+    a = p.parse_args(["fabric-probe", "--max-bytes", "1024", "--zero-exit"])
+    assert a.max_bytes == 1024 and a.zero_exit and callable(a.func)
+    a = p.parse_args(["fabric-scheduler", "--topology-label", "a", "--topology-label", "b"])
+    assert a.topology_label == ["a", "b"] and callable(a.func)
+    a = p.parse_args(["idle-check", "--checks", "burn_in", "--deliver", "crd"])
+    assert a.checks == "burn_in" and a.deliver == "crd"
+
+
+def test_fabric_scheduler_once_launches_a_probe(fake_api, kube, capsys):
+    for n in ("c0", "c1"):
+        fake_api.add_node(n, gpus=8, labels={"nvidia.com/rail": "3"})
+    p = parser(lambda args: kube)
+    args = p.parse_args(["fabric-scheduler", "--once", "--job-template", str(TEMPLATE),
+                         "--idle-for-s", "0", "--rdma-resource", "rdma/ib=8",
+                         "--image", "registry.example/gpu-monitor:9"])
+    assert args.func(args) == 0
+    (job,) = fake_api.list("batch", "jobs", "gpu-monitor")
+    c = job["spec"]["template"]["spec"]["containers"][0]
+    assert c["image"] == "registry.example/gpu-monitor:9"
+    assert c["resources"]["limits"]["rdma/ib"] == "8"
+    assert job["metadata"]["annotations"]["gpu-monitor.io/probe-group"] == "rail=3.0"
+    out = json.loads(capsys.readouterr().out)
+    assert out["idle_nodes"] == 2
+
+
+def test_fabric_scheduler_refuses_unknown_settings(tmp_path, capsys):
+    bad = tmp_path / "s.yaml"
+    bad.write_text("group_sise: 4\n")
+    args = parser().parse_args(["fabric-scheduler", "--settings", str(bad), "--once"])
+    assert args.func(args) == 2
+    assert "group_sise" in capsys.readouterr().err
+
+
+def test_fabric_scheduler_reads_a_settings_file(tmp_path):
+    from gpu_monitor.fabric.scheduler import settings_from_args
+
+    f = tmp_path / "s.yaml"
+    f.write_text("group_size: 4\ntopology_labels: [x/rack]\nrdma_resources: {rdma/ib: 1}\n"
+                 "active_checks: true\n")
+    args = parser().parse_args(["fabric-scheduler", "--settings", str(f), "--group-size", "6"])
+    s = settings_from_args(args)
+    assert s.group_size == 6 and s.topology_labels == ("x/rack",)  # flags win
+    assert s.rdma_resources == {"rdma/ib": "1"} and s.active_checks
+
+
+def test_probe_pods_run_the_schedulers_own_image(fake_api, kube, monkeypatch):
+    """kustomize rewrites the Deployment's image, not the template inside a ConfigMap."""
+    for n in ("d0", "d1"):
+        fake_api.add_node(n, gpus=8)
+    fake_api.add_object({"apiVersion": "v1", "kind": "Pod",
+                         "metadata": {"name": "sched-0", "namespace": "gpu-monitor"},
+                         "spec": {"containers": [{"name": "scheduler",
+                                                  "image": "registry.example.com/gpu-monitor:0.1.0"}]},
+                         "status": {"phase": "Running"}})
+    monkeypatch.setenv("POD_NAME", "sched-0")
+    monkeypatch.setenv("POD_NAMESPACE", "gpu-monitor")
+    args = parser(lambda a: kube).parse_args(["fabric-scheduler", "--once", "--job-template",
+                                              str(TEMPLATE), "--idle-for-s", "0"])
+    assert args.func(args) == 0
+    (job,) = fake_api.list("batch", "jobs", "gpu-monitor")
+    assert job["spec"]["template"]["spec"]["containers"][0]["image"] == \
+        "registry.example.com/gpu-monitor:0.1.0"
