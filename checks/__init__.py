@@ -17,6 +17,7 @@ from checks.pcie import Pcie
 from checks.pcie_aer import PcieAer
 from checks.rdma_loopback import RdmaLoopback
 from checks.rdma_ports import RdmaPorts
+from checks.sdc_probe import SdcProbe
 from checks.temperature import Temperature
 from checks.throttle import Throttle
 from checks.xid import Xid
@@ -37,6 +38,7 @@ ALL_CHECKS = (
     RdmaLoopback,
     BurnIn,
     NcclAllreduce,
+    SdcProbe,
 )
 
 __all__ = ["ALL_CHECKS"]

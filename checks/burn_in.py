@@ -117,14 +117,15 @@ class BurnRun:
         self.reference_checks += 1
 
     def summary(self) -> dict[str, Any]:
-        import hashlib
+        from gpu_monitor.sdc.fingerprint import fingerprints
 
-        import torch
-
-        first = self.first.contiguous().cpu()
-        digest = hashlib.sha256(first.view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+        # The result's bit pattern, fingerprinted on the device (no host copy of a large
+        # matrix, no numpy): three 64-bit sums, one of them through a full-avalanche mixer, so
+        # any difference between devices shows.
+        row = fingerprints([self.first.contiguous()])[0].tolist()
+        digest = "".join(f"{v & 0xFFFFFFFFFFFFFFFF:016x}" for v in row)
         return {"tflops": max(self.rates) if self.rates else 0.0, "tflops_rounds": self.rates,
-                "iterations": self.iterations, "busy_s": self.busy_s, "sha256": digest,
+                "iterations": self.iterations, "busy_s": self.busy_s, "fingerprint": digest,
                 "self_checks": self.self_checks, "self_mismatches": self.self_mismatches,
                 "reference_error": self.reference_error,
                 "reference_checks": self.reference_checks}
@@ -221,7 +222,7 @@ def judge(measured: Mapping[int, Mapping[str, Any]], telemetry: Mapping[int, Dev
     summary: dict[str, Any] = {"median_tflops": {}, "floor_tflops": {}, "required_tflops": {}}
     for dt in dtypes:
         runs = {i: m["dtypes"][dt] for i, m in measured.items() if dt in m.get("dtypes", {})}
-        majority, odd = split_by_hash({i: r["sha256"] for i, r in runs.items()})
+        majority, odd = split_by_hash({i: r["fingerprint"] for i, r in runs.items()})
         if majority is not None:
             for i in odd:
                 per[i].append(Finding(
@@ -384,7 +385,7 @@ class BurnIn(Check):
             details["tflops"] = {dt: round(r["tflops"], 6) for dt, r in runs.items()}
             details["tflops_rounds"] = {dt: [round(x, 6) for x in r["tflops_rounds"]]
                                         for dt, r in runs.items()}
-            details["sha256"] = {dt: r["sha256"] for dt, r in runs.items()}
+            details["fingerprint"] = {dt: r["fingerprint"] for dt, r in runs.items()}
             details["reference_error"] = {dt: r["reference_error"] for dt, r in runs.items()}
             details["iterations"] = {dt: r["iterations"] for dt, r in runs.items()}
         top = worst(findings)

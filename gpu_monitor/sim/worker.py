@@ -13,6 +13,9 @@ through it:
   to a collective: a device with ``wrong_results`` flips the top mantissa bit of one element,
   every time, at the same place (a stuck bit). The device agrees with itself, so only a
   comparison *across* devices finds it; the error is large enough to survive a sum.
+- ``sdc_forward_hook(seam)`` for a device with ``sdc``: a forward hook that a model-running
+  check (the SDC probe) registers on one layer of its model, so the device computes a wrong,
+  finite training step, every time, while its matmuls stay right.
 
 Check code never looks at this module or the variable: without ``GPU_MONITOR_SIM_STATE`` (every
 real host) ``seam_for`` returns ``None`` and the device layer calls nothing here. Peer copies
@@ -117,3 +120,41 @@ def seam_for(uuid: str | None, index: int | None,
         wrong_results=bool(entry.get("wrong_results")),
         sdc=bool(entry.get("sdc")),
     )
+
+
+# --- sdc: a silently wrong step of a model's computation --------------------------------------
+
+SDC_FACTOR = 1000.0
+
+
+def sdc_forward_hook(seam: Seam | None) -> Any:
+    """A forward hook that makes a model's computation silently wrong on an ``sdc`` device.
+
+    ``sdc`` (``--inject sdc@gpu:3``) stands for a faulty multiply-add lane: matmuls of a burn
+    test still come out right (``corrupt`` leaves them alone), but a training step computes a
+    wrong, finite value and reports nothing. A check that runs a model (the SDC probe) registers
+    the returned hook on one layer (``module.register_forward_hook(hook)``) of the model on a
+    device whose ``Device.seam`` is set; the hook returns the layer's output with one element
+    (a third of the way in) multiplied by ``SDC_FACTOR`` plus 1 (so a zero changes too) — the
+    fault table's "x1000 on one forward element". The change is added as a constant, so the
+    backward pass runs as usual through the wrong value. It applies to every forward on that
+    device: its own micro-batch, its replays of other devices' and its recomputations alike,
+    the same way every time (a persistent fault).
+
+    Returns ``None`` (nothing to register) when ``seam`` is ``None`` or has no ``sdc`` flag.
+    """
+    if seam is None or not seam.sdc:
+        return None
+
+    def hook(module: Any, inputs: Any, output: Any) -> Any:
+        import torch  # the worker has it already; the daemon never calls this
+
+        flat = output.detach().reshape(-1)
+        if flat.numel() == 0:
+            return output
+        i = flat.numel() // 3
+        delta = torch.zeros_like(flat)
+        delta[i] = flat[i] * (SDC_FACTOR - 1.0) + 1.0
+        return output + delta.view_as(output)
+
+    return hook

@@ -48,7 +48,7 @@ def run_sim(count: int, faults=(), checks=None, env=None, nvml_wrapper=None):
 
 
 def run(tflops=1.0, sha="a", **extra):
-    return {"tflops": tflops, "sha256": sha, "self_mismatches": 0, "self_checks": 3,
+    return {"tflops": tflops, "fingerprint": sha, "self_mismatches": 0, "self_checks": 3,
             "reference_error": 1e-7, **extra}
 
 
