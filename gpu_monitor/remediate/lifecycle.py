@@ -300,16 +300,48 @@ class Remediator:
         if self._reports is not None:
             self._reports.stop()
 
+    MAX_BACKOFF_S = 300.0
+
     def _loop(self) -> None:
+        """Tick on wake-ups and every ``tick_s``; after a failure (no API server, no
+        kubeconfig) back off exponentially up to ``MAX_BACKOFF_S``, whatever wakes us, and log
+        the traceback only when the error changes, so an unreachable API server neither spins
+        the loop nor floods the log."""
+        failures = 0
+        last_error = ""
+        last_logged = float("-inf")
         while not self._stop.is_set():
-            self._wake.wait(self.tick_s)
-            self._wake.clear()
+            if failures:
+                delay = min(self.tick_s * (2 ** min(failures, 16)), self.MAX_BACKOFF_S)
+                if self._stop.wait(delay):
+                    return
+                self._wake.clear()
+            else:
+                self._wake.wait(self.tick_s)
+                self._wake.clear()
             if self._stop.is_set():
                 return
             try:
                 self.tick()
-            except Exception:  # noqa: BLE001 - the remediator must survive anything
-                log.exception("remediation tick failed")
+            except Exception as exc:  # noqa: BLE001 - the remediator must survive anything
+                failures += 1
+                text = f"{type(exc).__name__}: {exc}"
+                self.last_error = text
+                now = self.clock.monotonic()
+                if text != last_error:
+                    log.error("remediation tick failed (retrying with backoff): %s", text,
+                              exc_info=True)
+                    last_logged = now
+                elif now - last_logged >= self.MAX_BACKOFF_S:
+                    log.warning("remediation still failing after %d attempts: %s",
+                                failures, text)
+                    last_logged = now
+                last_error = text
+            else:
+                if failures:
+                    log.info("remediation recovered after %d failed attempts", failures)
+                failures = 0
+                last_error = ""
 
     # --- input ---------------------------------------------------------------------------------
 

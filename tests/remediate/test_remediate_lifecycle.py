@@ -521,3 +521,39 @@ def test_a_slot_left_by_a_crash_on_a_healthy_node_is_given_back(fake, tmp_path):
     r = remediator(fake, tmp_path)
     r.tick()
     assert json.loads(breaker_data(fake)["slots"]) == {}
+
+
+def test_unreachable_api_backs_off_and_logs_once(tmp_path, caplog):
+    """No kubeconfig, no API server: the remediator keeps running, retries with backoff and
+    does not flood the log with a traceback per tick."""
+    import logging
+    import time as _time
+
+    from gpu_monitor.clock import Clock
+    from gpu_monitor.config import Config, RemediationConfig
+    from gpu_monitor.remediate import Remediator
+    from gpu_monitor.state import Store
+
+    calls = []
+
+    def no_api():
+        calls.append(1)
+        raise RuntimeError("Invalid kube-config file. No configuration found.")
+
+    store = Store.open(str(tmp_path / "s.db"))
+    cfg = Config(remediation=RemediationConfig(enabled=True, dry_run=True))
+    rem = Remediator(store, cfg, "n1", Clock(), no_api, None, tick_s=0.02)
+    caplog.set_level(logging.WARNING, logger="gpu_monitor.remediate.lifecycle")
+    rem.start()
+    try:
+        deadline = _time.monotonic() + 1.0
+        while _time.monotonic() < deadline:
+            rem._wake.set()  # results keep arriving: wake-ups must not defeat the backoff
+            _time.sleep(0.01)
+    finally:
+        rem.stop()
+    # 0.02 * (2 + 4 + 8 + 16 + 32) s > 1 s: at most a handful of attempts, one traceback.
+    assert 1 <= len(calls) <= 7
+    tracebacks = [r for r in caplog.records if r.exc_info]
+    assert len(tracebacks) == 1
+    assert "No configuration found" in (rem.last_error or "")
