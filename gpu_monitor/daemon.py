@@ -91,6 +91,7 @@ class Daemon:
         self._boot_id = ""
         self._last_prune = None
         self._store_lock = threading.Lock()
+        self._intervals: dict[str, float] = {}
 
     def stats_snapshot(self) -> dict[str, float]:
         """Daemon counters plus the kernel-log checks' own parse failures (lines that look like
@@ -118,8 +119,20 @@ class Daemon:
                 log.error("remediation could not take results of %s: %s", outcome.check, exc)
 
     def interval(self, check: Check) -> float:
-        value = self.ctx.setting(check.name, "interval_s", check.interval)
-        return float(value or 0.0)
+        cached = self._intervals.get(check.name)
+        if cached is None:
+            value = self.ctx.setting(check.name, "interval_s", check.interval)
+            cached = self._intervals[check.name] = float(value or 0.0)
+        return cached
+
+    def seconds_to_next_due(self) -> float:
+        """How long the scheduler may sleep: until the earliest due check, within
+        [``tick_s``, 1 s] (wake-ups cost CPU on an idle node; 1 s bounds a missed deadline)."""
+        now = self.ctx.clock.monotonic()
+        dues = [self.next_due.get(c.name, now) for c in self.poll_checks if self.interval(c) > 0]
+        if not dues:
+            return 1.0
+        return min(1.0, max(self.tick_s, min(dues) - now))
 
     # --- one-shot --------------------------------------------------------------------------------
 
@@ -345,12 +358,12 @@ class Daemon:
                 self.tick()
             except Exception as exc:  # noqa: BLE001 - the scheduler must survive anything
                 log.error("scheduler error: %s", exc, exc_info=True)
-            self.stop_event.wait(self.tick_s)
+            self.stop_event.wait(self.seconds_to_next_due())
         self.shutdown()
 
     def health(self) -> tuple[bool, str]:
         now = time.monotonic()
-        if now - self.stats.last_tick_monotonic > max(30.0, 50 * self.tick_s):
+        if now - self.stats.last_tick_monotonic > 30.0:
             return False, "scheduler stalled"
         if self._kmsg_thread is not None and not self._kmsg_thread.is_alive():
             return False, "kernel-log follower died"

@@ -119,7 +119,7 @@ def build_spec(profile, hostname: str = "sim-node-0") -> NodeSpec:
 class SimulatedNode:
     """Owns a temporary host tree; ``host()`` returns the readers over it."""
 
-    TICK_S = 0.05
+    TICK_S = 0.2  # fault timing resolution; the ticker's wake-ups are part of what benches see
 
     def __init__(self, profile, faults: Iterable[inj.Fault] = (), root: str | None = None,
                  hostname: str = "sim-node-0"):
