@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from gpu_monitor.check import Check, Context
+from gpu_monitor.check import Check, ClearTracker, Context
 from gpu_monitor.hw.nvml import NvmlError
 from gpu_monitor.model import NODE, Action, Kind, Result, Status, gpu_target
 
@@ -42,9 +42,40 @@ class Inventory(Check):
         "DriverTooOld",
         "CudaTooOld",
         "NvmlReadError",
+        "BootGrace",
     )
 
+    def __init__(self) -> None:
+        self._cleared = ClearTracker(self.name)
+
     def poll(self, ctx: Context) -> Sequence[Result]:
+        results = self._inspect(ctx)
+        return self._cleared.track(ctx, self._boot_grace(ctx, results))
+
+    def _boot_grace(self, ctx: Context, results: list[Result]) -> list[Result]:
+        """Right after boot the driver may still be loading and GPUs enumerating: missing GPUs
+        and an unavailable NVML are ``unknown`` (``BootGrace``) until the grace period ends."""
+        grace = float(ctx.setting(self.name, "boot_grace_s", None)
+                      or ctx.profile.get("nvlink.boot_grace_s") or 300.0)
+        try:
+            uptime = ctx.host.procfs.uptime_s()
+        except Exception:  # noqa: BLE001 - no uptime: no grace
+            uptime = None
+        if uptime is None or uptime >= grace:
+            return results
+        out = []
+        for r in results:
+            if r.status is Status.FAILED and r.reason in ("NvmlUnavailable", "GpuMissing",
+                                                          "GpuLost"):
+                r = self.result(ctx, Status.UNKNOWN, r.target, "BootGrace",
+                                f"{r.message} (uptime {uptime:.0f} s < boot grace {grace:g} s: "
+                                "not judged yet)",
+                                {**dict(r.details), "pending_reason": r.reason,
+                                 "uptime_s": uptime, "boot_grace_s": grace})
+            out.append(r)
+        return out
+
+    def _inspect(self, ctx: Context) -> list[Result]:
         nvml = ctx.host.nvml
         profile = ctx.profile
         expected = profile.expected_gpus

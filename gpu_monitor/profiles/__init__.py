@@ -413,7 +413,9 @@ COMMON_CHECK_KEYS: dict[str, Spec] = {
 
 # Per-check settings (profile ``checks.<name>.<key>``); docs/configuration.md lists each one.
 CHECK_SETTINGS: dict[str, dict[str, Spec]] = {
-    "inventory": {},
+    "inventory": {
+        "boot_grace_s": _NONNEG,
+    },
     "burn_in": {
         "duration_s": _POS,
         "min_fraction_of_peak": Num(0, 1, lo_open=True),

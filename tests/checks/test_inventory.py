@@ -117,3 +117,27 @@ def test_enumeration_error_is_unknown(sim):
                                         ("550.54.15-rc1", (550, 54, 15)), ("", ())])
 def test_version_tuple(text, want):
     assert version_tuple(text) == want
+
+
+def test_missing_gpu_right_after_boot_is_unknown_boot_grace_then_failed(sim):
+    node, ctx = sim("h100-sxm-8", "gpu-missing@gpu:5")
+    node.spec.uptime_s = 30.0
+    node.advance(0.0)
+    check = Inventory()
+    r = next(x for x in run_check(check, ctx).results if x.target == "gpu:5")
+    assert (r.status, r.reason) == (Status.UNKNOWN, "BootGrace")
+    assert r.details["pending_reason"] == "GpuMissing"
+    node.spec.uptime_s = 600.0
+    node.advance(0.0)
+    r = next(x for x in run_check(check, ctx).results if x.target == "gpu:5")
+    assert (r.status, r.reason) == (Status.FAILED, "GpuMissing")
+
+
+def test_gpu_back_after_a_problem_is_cleared(sim):
+    # A lost GPU that answers again (after a reset): its slot reports Cleared once.
+    node, ctx = sim("h100-sxm-8", "nvml-error@gpu:5,error=GpuIsLost")
+    check = Inventory()
+    assert any(r.status is Status.FAILED for r in run_check(check, ctx).results)
+    node.spec.gpu(5).lost = False
+    r = next(x for x in run_check(check, ctx).results if x.target == "gpu:5")
+    assert (r.status, r.reason) == (Status.OK, "Cleared")
