@@ -203,7 +203,9 @@ def test_a_probe_preempted_by_a_workload_is_abandoned_not_failed(fake_api, fabri
                and jobs(fake_api, "group")[0]["metadata"]["name"] != name)
     again = json.loads(jobs(fake_api, "group")[0]["metadata"]["annotations"]
                        ["gpu-monitor.io/probe-nodes"])
-    assert again == ["p0", "p2", "p3"]
+    # The busy node is left out. (Under load the next round may start while one old probe pod
+    # is still terminating, and that node then waits for the round after: either is right.)
+    assert "p1" not in again and set(again) <= {"p0", "p2", "p3"} and len(again) >= 2
 
 
 def test_active_checks_run_on_idle_nodes_and_record_the_outcome(fake_api, fabric_api,
