@@ -28,9 +28,24 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time of each record (so a redirected or
+    replaced stderr never leaves the handler holding a closed stream)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    @property  # type: ignore[override]
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 def setup(fmt: str = "text", level: str = "info", stream=None) -> None:
-    stream = stream or sys.stderr
-    handler = logging.StreamHandler(stream)
+    handler = logging.StreamHandler(stream) if stream is not None else _StderrHandler()
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:

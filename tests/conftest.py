@@ -47,3 +47,15 @@ def pytest_addoption(parser):
 def update_golden(request) -> bool:
     return bool(request.config.getoption("--update-golden")
                 or os.environ.get("GPU_MONITOR_UPDATE_GOLDEN"))
+
+
+@pytest.fixture(autouse=True)
+def _restore_root_logging():
+    """CLI tests configure the root logger; give every test the logging it started with."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
