@@ -23,18 +23,21 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from gpu_monitor.sim.worker import Seam, seam_for
 
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+# torch is imported inside the functions: this module runs in worker processes, but it is
+# also importable (fabric/probe.py's normalize_uuid) by processes that must not load torch.
 DTYPES = {
-    "bf16": torch.bfloat16,
-    "fp16": torch.float16,
-    "tf32": torch.float32,  # fp32 storage; TF32 tensor-core math is a matmul flag
-    "fp32": torch.float32,
-    "fp64": torch.float64,
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "tf32": "float32",  # fp32 storage; TF32 tensor-core math is a matmul flag
+    "fp32": "float32",
+    "fp64": "float64",
 }
 
 
@@ -48,6 +51,8 @@ def normalize_uuid(raw: Any) -> str:
 
 def cuda_uuids() -> list[str]:
     """Torch's UUID for each CUDA index it sees."""
+    import torch
+
     return [normalize_uuid(torch.cuda.get_device_properties(i).uuid)
             for i in range(torch.cuda.device_count())]
 
@@ -57,6 +62,8 @@ class Device:
 
     def __init__(self, kind: str, index: int, uuid: str | None, torch_index: int | None = None,
                  seam: Seam | None = None):
+        import torch
+
         self.kind = kind  # "cuda" | "cpu"
         self.index = index  # NVML index (the target's number)
         self.uuid = uuid
@@ -73,6 +80,8 @@ class Device:
     # -- time --------------------------------------------------------------------------------
 
     def synchronize(self) -> None:
+        import torch
+
         if self.is_cuda:
             torch.cuda.synchronize(self.torch)
 
@@ -85,14 +94,18 @@ class Device:
 
     def set_precision(self, dtype_name: str) -> torch.dtype:
         """The storage dtype for ``dtype_name``, with the matching matmul precision set."""
+        import torch
+
         if dtype_name not in DTYPES:
             raise ValueError(f"unknown dtype {dtype_name!r}; known: {', '.join(DTYPES)}")
         if self.is_cuda:
             torch.backends.cuda.matmul.allow_tf32 = dtype_name == "tf32"
             torch.backends.cudnn.allow_tf32 = dtype_name == "tf32"
-        return DTYPES[dtype_name]
+        return getattr(torch, DTYPES[dtype_name])
 
     def matmul(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        import torch
+
         torch.matmul(a, b, out=out)
         if self.seam is not None:
             self.seam.corrupt(out)
@@ -119,6 +132,7 @@ class Device:
                            timeout_s: float) -> str:
         """Join the node-local group (NCCL on CUDA, gloo on CPU) through a file rendezvous:
         no TCP port to pick, none to collide."""
+        import torch
         import torch.distributed as dist
 
         if self.is_cuda:
@@ -134,6 +148,8 @@ class Device:
 
 def open_devices(kind: str, refs: Sequence[Mapping[str, Any]]) -> list[Device]:
     """Open the devices a worker was given (``[{"index": 3, "uuid": "GPU-..."}]``)."""
+    import torch
+
     if kind == "cpu":
         torch.set_num_threads(1)  # CPU "devices" share a few cores; one thread each
         return [Device("cpu", int(r["index"]), r.get("uuid"),
@@ -170,6 +186,8 @@ def probe(ctx: Any) -> dict[str, Any]:
     The framework's own tests and the ``gpu`` tests use it; ``args.steps`` progress steps per
     turn and ``args.sleep_s`` between them exercise the turn/progress protocol.
     """
+    import torch
+
     turns = []
     for turn in ctx.turns():
         t0 = time.perf_counter()

@@ -10,7 +10,8 @@ HEAVY = ("torch", "pynvml", "kubernetes")
 
 @pytest.mark.parametrize("module", ["gpu_monitor", "checks", "gpu_monitor.cli",
                                     "gpu_monitor.runner", "gpu_monitor.daemon",
-                                    "gpu_monitor.registry"])
+                                    "gpu_monitor.registry", "gpu_monitor.workers.device",
+                                    "gpu_monitor.workers.pool", "gpu_monitor.fabric.probe"])
 def test_import_loads_no_heavy_dependency(module):
     code = (
         f"import sys, {module}\n"
