@@ -60,6 +60,16 @@ def all_gather(g: Group, t) -> Any:
     return torch.stack(out)
 
 
+def any_rank(g: Group, flag: bool) -> bool:
+    """True on every rank when ``flag`` is true on any (one 1-element all-reduce MAX)."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=g.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=g.handle)
+    return bool(t.item())
+
+
 def all_gather_objects(g: Group, obj) -> list:
     import torch.distributed as dist
 

@@ -5,6 +5,10 @@ produced by one GPU can no longer be traced to it. The hook records, per gradien
 local squared norm (every step) and, on deterministic audit steps, a fingerprint of every
 parameter's local gradient, then hands the bucket to the standard all-reduce (which divides in
 place, so the fingerprints must be taken first).
+
+Cost (see ``bench/bench_ddp_overhead.py``): a Python hook loses DDP's fused copy-and-divide, so
+inside ``train`` the division moves into the clipping multiply that runs anyway, and the one
+collective check 1 needs before the step is started from the hook behind the last bucket.
 """
 
 from __future__ import annotations
@@ -38,24 +42,49 @@ class GradStats:
 
     ``params``: the parameters DDP reduces (requires_grad, module order); the index of a
     parameter in it is its row in ``grad_fps``.
+
+    Outside a ``train`` step the hook is the stock all-reduce plus the recording: it divides each
+    bucket by the group size before summing, so a training loop of the caller's own gets the
+    usual averaged gradients. Inside a ``train`` step (``begin_step(..., in_train=True)``) it
+    also starts, right after the last bucket's all-reduce, the all-gather of every rank's local
+    norm (so it needs no synchronisation point of its own), and for fp32/fp64 gradients it leaves
+    the division out: the buckets are all-reduced as sums and ``train`` folds ``1/size`` into the
+    multiply that clips them (``summed`` says so), saving a read and a write of every gradient.
     """
 
     def __init__(self, ddp_model: Any, group: _dist.Group) -> None:
+        import torch
+
         self.ddp_model = ddp_model
         self.group = group
         self.params = [p for p in ddp_model.module.parameters() if p.requires_grad]
         self._index = {id(p): i for i, p in enumerate(self.params)}
+        self.divisor = ddp_model.process_group.size()
+        # fp16/bf16 buckets are divided before the sum, as DDP does, so that it cannot overflow.
+        self.can_fold = all(p.dtype in (torch.float32, torch.float64) for p in self.params)
         self.record_fingerprints = False
+        self.in_train = False
+        self.summed = False
         self._sq: list[Any] = []
+        self._norms: Any = None  # (work, [tensor per rank]) of the in-flight norm all-gather
         self.grad_fps: Any = None
         self.seen: set[int] = set()
         self.buckets = 0
 
-    def begin_step(self, record_fingerprints: bool) -> None:
+    def begin_step(self, record_fingerprints: bool, in_train: bool = False) -> None:
         self.record_fingerprints = record_fingerprints
+        self.in_train = in_train
+        self.summed = False
         self._sq = []
+        self._norms = None
         self.buckets = 0
         self.grad_fps = None
+
+    def end_step(self) -> None:
+        """Back to the stock behaviour (the caller's own loop gets averaged gradients)."""
+        self.in_train = False
+        self.summed = False
+        self._norms = None
 
     def local_sq_norm(self):
         """This rank's local (pre-all-reduce) squared gradient norm, as a float64 0-d tensor."""
@@ -64,6 +93,21 @@ class GradStats:
         if not self._sq:
             return torch.zeros((), dtype=torch.float64)
         return torch.stack([s.to(torch.float64) for s in self._sq]).sum()
+
+    def gathered_sq_norms(self) -> list[float]:
+        """Every rank's local squared norm (group order), as floats; a collective.
+
+        Waits for the all-gather the hook started after the last bucket; when no bucket was
+        reduced this step (no gradient at all: the same on every rank) it runs one now.
+        """
+        import torch
+
+        if self._norms is None:
+            return _dist.all_gather(self.group, self.local_sq_norm().reshape(1)).view(-1).tolist()
+        work, out = self._norms
+        self._norms = None
+        work.wait()
+        return torch.cat(out).tolist()
 
     def own_grad_fingerprints(self):
         """[len(params), 3]: fingerprints of this rank's own local gradients (zero rows: unseen)."""
@@ -92,12 +136,36 @@ class GradStats:
         self.grad_fps[idx] = rows.to(self.grad_fps.device)
         self.seen.update(idx)
 
+    def _start_norm_gather(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        g = self.group
+        mine = self.local_sq_norm().reshape(1).to(g.device)
+        out = [torch.empty_like(mine) for _ in range(g.size)]
+        self._norms = (dist.all_gather(out, mine, group=g.handle, async_op=True), out)
+
+
+def _first(fut):
+    value = fut.value()
+    return value[0] if isinstance(value, list) else value
+
 
 def _hook(stats, bucket):  # no annotations: DDP rejects any but the real GradBucket/Future
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    import torch.distributed as dist
 
     stats._record(bucket)
-    return default_hooks.allreduce_hook(stats.ddp_model.process_group, bucket)
+    buf = bucket.buffer()
+    if stats.in_train and stats.can_fold:
+        stats.summed = True
+    else:
+        buf.div_(stats.divisor)
+    # Looked up at call time (not bound at import), like the stock hook's own all-reduce.
+    fut = dist.all_reduce(buf, group=stats.ddp_model.process_group, async_op=True).get_future()
+    if stats.in_train and bucket.is_last():
+        # Queued behind this bucket on the same group, when every rank is already here.
+        stats._start_norm_gather()
+    return fut.then(_first)
 
 
 def attach(ddp_model: Any, dp_group: Any = None) -> GradStats:

@@ -43,7 +43,7 @@ from gpu_monitor.sdc.schedule import Schedule
 from gpu_monitor.sdc.topology import check_topology
 from gpu_monitor.sdc.weights import find_divergent_ranks
 
-__all__ = ["train"]
+__all__ = ["clip_averaged", "train"]
 
 COMPUTE = "compute"
 REDUCED = "reduced gradient"
@@ -238,25 +238,21 @@ class _Loop:
         sched, g = self.sched, self.g
         audit = sched.is_audit(step)
         det = sched.is_deterministic_audit(step)
-        self.stats.begin_step(record_fingerprints=det)
+        self.stats.begin_step(record_fingerprints=det, in_train=True)
         self.opt.zero_grad(set_to_none=True)
         with deterministic_mode(det):
             loss = self.compute_loss(self.ddp, batch)
             (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
-            # Clip now (replicas' gradients are reduced; weights untouched) so that check 1's
-            # per-rank norms and the reduced-gradient flag travel in one small all-gather: on a
-            # step without audit this is the only collective the checks add.
+            # Clip now (replicas' gradients are reduced; weights untouched): the multiply that
+            # clips also divides gradients the hook all-reduced as sums.
             if self.scaler is not None:
                 self.scaler.unscale_(self.opt)
-            max_norm = sched.max_grad_norm if sched.max_grad_norm is not None else math.inf
-            total = torch.nn.utils.clip_grad_norm_(self.stats.params, max_norm)
-            head = torch.stack([
-                self.stats.local_sq_norm().to(total.device, torch.float64),
-                (~torch.isfinite(total)).to(torch.float64),
-            ])
-            heads = _dist.all_gather(g, head).tolist()
-            nonfinite = [r for r in range(g.size) if not math.isfinite(heads[r][0])]
-            bad = any(h[1] > 0 for h in heads)  # the MAX of the flags: every rank agrees
+            total = clip_averaged(self.stats, sched.max_grad_norm)
+            sq = self.stats.gathered_sq_norms()  # started by the hook behind the last bucket
+            nonfinite = [r for r in range(g.size) if not math.isfinite(sq[r])]
+            # One 1-element all-reduce MAX, so that every rank takes the same branch even when
+            # the all-reduce handed ranks different results.
+            bad = _dist.any_rank(g, not bool(torch.isfinite(total)))
             fire_nonfinite = bool(nonfinite) and self.scaler is None
             ring = self._ring(step, batch, loss, det) if (audit or fire_nonfinite) else None
         if fire_nonfinite or (ring and ring["pairs"]):
@@ -346,8 +342,44 @@ def train(
         alarm = loop._weights(int(start_step), preflight=True)
         if alarm:
             return alarm
-    for i, batch in enumerate(batches):
-        alarm = loop.step(int(start_step) + i, batch)
-        if alarm:
-            return alarm
+    try:
+        for i, batch in enumerate(batches):
+            alarm = loop.step(int(start_step) + i, batch)
+            if alarm:
+                return alarm
+    finally:
+        stats.end_step()
     return None
+
+
+def clip_averaged(stats: GradStats, max_norm: float | None):
+    """Clip the reduced gradients to ``max_norm`` (None: no clipping); returns their total norm.
+
+    The same norm and coefficient as ``torch.nn.utils.clip_grad_norm_`` (L2, ``1e-6`` guard,
+    coefficient clamped to 1). When the hook all-reduced sums (``stats.summed``), ``1/size`` is
+    folded into the same multiply, so the gradients end up exactly where DDP's averaged-then-
+    clipped ones would (bit for bit when the group size is a power of two).
+    """
+    import torch
+
+    grads = [p.grad for p in stats.params if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    groups: dict = {}
+    for t in grads:
+        groups.setdefault((t.device, t.dtype), []).append(t)
+    first = grads[0].device
+    norms = [n.to(first) for gs in groups.values() for n in torch._foreach_norm(gs)]
+    total = torch.linalg.vector_norm(torch.stack(norms))
+    scale = 1.0 / stats.divisor if stats.summed else 1.0
+    if stats.summed:
+        total = total * scale
+    if max_norm is None:
+        if scale != 1.0:
+            for gs in groups.values():
+                torch._foreach_mul_(gs, scale)
+        return total
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0) * scale
+    for (device, _), gs in groups.items():
+        torch._foreach_mul_(gs, coef.to(device))
+    return total

@@ -143,6 +143,8 @@ def run_scenario(sc: dict, rank: int, world: int) -> dict:
 
     if sc.get("kind") == "divergent":
         return run_divergent(sc, rank)
+    if sc.get("kind") == "equivalence":
+        return run_equivalence(sc, rank)
 
     model = make_model(unused=sc.get("unused", False))
     ddp = DDP(model, find_unused_parameters=sc.get("unused", False))
@@ -228,30 +230,85 @@ def run_scenario(sc: dict, rank: int, world: int) -> dict:
 
 
 def _patch_reduction(faults: list, rank: int) -> None:
-    """A fault in the all-reduce's result on one rank: wrap the stock hook the SDC hook calls."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    """A fault in the all-reduce's result on one rank: wrap the all-reduce the SDC hook calls.
 
-    original = getattr(default_hooks, "_sdc_original_allreduce_hook", default_hooks.allreduce_hook)
-    default_hooks._sdc_original_allreduce_hook = original
+    Only gradient buckets are hit (the checks' own 1-element flags are left alone); the NaN lands
+    in the bucket's first element once the sum has arrived.
+    """
+    import torch.distributed as dist
+
+    original = getattr(dist, "_sdc_original_all_reduce", dist.all_reduce)
+    dist._sdc_original_all_reduce = original
     wanted = [f for f in faults if f["type"] == "reduced" and rank in f["ranks"]]
     if not wanted:
-        default_hooks.allreduce_hook = original
+        dist.all_reduce = original
         return
 
-    def corrupted(process_group, bucket):
-        fut = original(process_group, bucket)
-        if not any(CTX.step == f["at"] for f in wanted):
-            return fut
+    class Poisoned:
+        def __init__(self, work, tensor):
+            self.work, self.tensor = work, tensor
 
-        def poison(f):
-            t = f.value()
-            t = t[0] if isinstance(t, list) else t
-            t.view(-1)[0] = float("nan")
-            return t
+        def get_future(self):
+            def poison(f):
+                self.tensor.view(-1)[0] = float("nan")
+                return f.value()
 
-        return fut.then(poison)
+            return self.work.get_future().then(poison)
 
-    default_hooks.allreduce_hook = corrupted
+    def corrupted(tensor, *args, **kwargs):
+        work = original(tensor, *args, **kwargs)
+        hit = any(CTX.step == f["at"] for f in wanted)
+        if not hit or tensor.numel() < 2 or not kwargs.get("async_op"):
+            return work
+        return Poisoned(work, tensor)
+
+    dist.all_reduce = corrupted
+
+
+def run_equivalence(sc: dict, rank: int) -> dict:
+    """The same steps through plain DDP (+ clip_grad_norm_) and through ``train``: the weights.
+
+    Then one backward through each outside ``train``: the caller's own loop must get averaged
+    gradients from the attached model again. Also whether a half-precision model would have the
+    division folded (it must not: its sums could overflow).
+    """
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from gpu_monitor.sdc import Schedule, attach, train
+
+    max_norm = sc.get("max_norm", 1.0)
+    steps = sc["steps"]
+    plain_m, checked_m = make_model(), make_model()
+    plain, checked = DDP(plain_m), DDP(checked_m)
+    stats = attach(checked)
+    opt_p = torch.optim.SGD(plain_m.parameters(), lr=0.5, momentum=0.9)
+    opt_c = torch.optim.SGD(checked_m.parameters(), lr=0.5, momentum=0.9)
+    for s in range(steps):
+        opt_p.zero_grad(set_to_none=True)
+        compute_loss(plain, make_batch(s, rank)).backward()
+        if max_norm is not None:
+            torch.nn.utils.clip_grad_norm_(plain_m.parameters(), max_norm)
+        opt_p.step()
+    sched = Schedule(**sc["sched"], max_grad_norm=max_norm)
+    alarm = train(checked, stats, opt_c, (make_batch(s, rank) for s in range(steps)),
+                  compute_loss, make_batch, None, sched)
+    pairs = list(zip(plain_m.parameters(), checked_m.parameters(), strict=True))
+    out = {
+        "alarm": alarm,
+        "exact": all(torch.equal(a, b) for a, b in pairs),
+        "max_diff": max(float((a - b).abs().max()) for a, b in pairs),
+        "max_abs": max(float(a.abs().max()) for a, _ in pairs),
+        "can_fold": stats.can_fold,
+        "in_train_after": stats.in_train,
+    }
+    for m in (plain, checked):
+        m.zero_grad(set_to_none=True)
+        compute_loss(m, make_batch(steps, rank)).backward()
+    out["own_loop_grads_equal"] = all(torch.equal(a.grad, b.grad) for a, b in pairs)
+    out["own_loop_max_diff"] = max(float((a.grad - b.grad).abs().max()) for a, b in pairs)
+    out["can_fold_half"] = attach(DDP(make_model().to(torch.bfloat16))).can_fold
+    return out
 
 
 def run_divergent(sc: dict, rank: int) -> dict:
