@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from checks._gpus import active_gpus
 from gpu_monitor.check import Check, Context
 from gpu_monitor.hw.nvml import NvmlError
 from gpu_monitor.model import NODE, Action, Kind, Result, Status, gpu_target
@@ -312,15 +313,10 @@ class BurnIn(Check):
 
     def run(self, ctx: Context) -> Sequence[Result]:
         nvml = ctx.host.nvml
-        try:
-            gpus = nvml.gpus()
-        except NvmlError as err:
-            return [self.result(ctx, Status.UNKNOWN, NODE, "NvmlReadError",
-                                f"cannot enumerate GPUs: {err}")]
-        results = [self.result(ctx, Status.UNKNOWN, gpu_target(g.index), "DeviceUnavailable",
-                               f"{gpu_target(g.index)} not burned: NVML reports it lost")
-                   for g in gpus if g.lost]
-        refs = [DeviceRef(g.index, g.uuid) for g in gpus if not g.lost]
+        results, usable = active_gpus(self, ctx, "not burned")
+        if usable is None:
+            return results
+        refs = [DeviceRef(g.index, g.uuid) for g in usable]
         if not refs:
             return results
         s = _settings(ctx)

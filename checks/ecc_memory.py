@@ -32,11 +32,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from checks._gpus import enumeration_error
 from gpu_monitor.check import Check, ClearTracker, Context
 from gpu_monitor.hw.nvml import GpuInfo, NvmlError, NvmlErrorKind
 from gpu_monitor.model import (
     ACTION_SEVERITY,
-    NODE,
     STATUS_SEVERITY,
     Action,
     Kind,
@@ -101,8 +101,7 @@ class EccMemory(Check):
         try:
             gpus = ctx.host.nvml.gpus()
         except NvmlError as exc:
-            return [self.result(ctx, Status.UNKNOWN, NODE, "NvmlReadError",
-                                f"cannot enumerate GPUs: {exc}", {"nvml_error": str(exc)})]
+            return [enumeration_error(self, ctx, exc)]
         limits = {k: int(ctx.setting(self.name, k, v)) for k, v in DEFAULTS.items()}
         return self._clear.track(ctx, [self._gpu(ctx, g, limits) for g in gpus])
 

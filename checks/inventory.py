@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from checks._gpus import enumeration_error
 from gpu_monitor.check import Check, ClearTracker, Context
 from gpu_monitor.hw.nvml import NvmlError
 from gpu_monitor.model import NODE, Action, Kind, Result, Status, gpu_target
@@ -109,10 +110,7 @@ class Inventory(Check):
             gpus = nvml.gpus()
             system = nvml.system()
         except NvmlError as exc:
-            return [self.result(
-                ctx, Status.UNKNOWN, NODE, "NvmlReadError",
-                f"cannot enumerate GPUs: {exc}", {"nvml_error": str(exc)},
-            )]
+            return [enumeration_error(self, ctx, exc)]
         nvml_addrs = {g.pci_bus_id for g in gpus if g.pci_bus_id}
         # NVML numbers GPUs in PCI bus order; so does CUDA with CUDA_DEVICE_ORDER=PCI_BUS_ID.
         # A GPU on the bus but not in NVML gets the index it would have had in that order.

@@ -25,8 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from checks._gpus import active_gpus
 from gpu_monitor.check import Check, Context
-from gpu_monitor.hw.nvml import NvmlError
 from gpu_monitor.model import NODE, Action, Kind, Result, Status, gpu_target
 from gpu_monitor.workers.pool import WORKER_REASONS, DeviceRef, Outcome, Task, WorkerPool
 
@@ -259,15 +259,10 @@ class NcclAllreduce(Check):
                "DeviceUnavailable", "NvmlReadError", *WORKER_REASONS)
 
     def run(self, ctx: Context) -> Sequence[Result]:
-        try:
-            gpus = ctx.host.nvml.gpus()
-        except NvmlError as err:
-            return [self.result(ctx, Status.UNKNOWN, NODE, "NvmlReadError",
-                                f"cannot enumerate GPUs: {err}")]
-        results = [self.result(ctx, Status.UNKNOWN, gpu_target(g.index), "DeviceUnavailable",
-                               f"{gpu_target(g.index)} left out of the all-reduce: NVML "
-                               "reports it lost") for g in gpus if g.lost]
-        refs = [DeviceRef(g.index, g.uuid) for g in gpus if not g.lost]
+        results, usable = active_gpus(self, ctx, "left out of the all-reduce")
+        if usable is None:
+            return results
+        refs = [DeviceRef(g.index, g.uuid) for g in usable]
         if len(refs) < 2:
             results.append(self.result(ctx, Status.SKIPPED, NODE, "NothingToReduce",
                                        f"{len(refs)} usable device(s): nothing to all-reduce"))

@@ -21,6 +21,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from checks._gpus import active_gpus
 from gpu_monitor.check import Check, Context
 from gpu_monitor.hw.nvml import NvmlError, NvmlErrorKind
 from gpu_monitor.model import NODE, Action, Kind, Result, Status, gpu_target, nvlink_target
@@ -94,16 +95,10 @@ class NvlinkPeer(Check):
                "DeviceUnavailable", "NvmlReadError", *WORKER_REASONS)
 
     def run(self, ctx: Context) -> Sequence[Result]:
-        nvml = ctx.host.nvml
-        try:
-            gpus = nvml.gpus()
-        except NvmlError as err:
-            return [self.result(ctx, Status.UNKNOWN, NODE, "NvmlReadError",
-                                f"cannot enumerate GPUs: {err}")]
-        results = [self.result(ctx, Status.UNKNOWN, gpu_target(g.index), "DeviceUnavailable",
-                               f"{gpu_target(g.index)} not tested: NVML reports it lost")
-                   for g in gpus if g.lost]
-        refs = [DeviceRef(g.index, g.uuid) for g in gpus if not g.lost]
+        results, usable = active_gpus(self, ctx, "not tested")
+        if usable is None:
+            return results
+        refs = [DeviceRef(g.index, g.uuid) for g in usable]
 
         def get(key: str, default: Any = None) -> Any:
             return ctx.setting(self.name, key, default)

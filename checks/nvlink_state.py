@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from checks._gpus import poll_gpus, read_error
 from gpu_monitor.check import Check, ClearTracker, Context
 from gpu_monitor.hw.nvml import GpuInfo, NvmlError, NvmlErrorKind
 from gpu_monitor.model import (
@@ -72,18 +73,9 @@ class NvlinkState(Check):
         if expected <= 0:
             return [self.result(ctx, Status.SKIPPED, NODE, "NotSupported",
                                 f"profile {ctx.profile.name} expects no NVLink")]
-        nvml = ctx.host.nvml
-        if not nvml.available():
-            return [self.result(ctx, Status.SKIPPED, NODE, "RequirementMissing",
-                                f"NVML unavailable: {nvml.unavailable_reason()}")]
-        try:
-            gpus = nvml.gpus()
-        except NvmlError as err:
-            return [self.result(ctx, Status.UNKNOWN, NODE, "NvmlReadError",
-                                f"cannot enumerate GPUs: {err}",
-                                {"nvml_error": str(err), "nvml_error_kind": err.kind.value})]
-        if not gpus:
-            return [self.result(ctx, Status.SKIPPED, NODE, "NoGpu", "NVML enumerates no GPU")]
+        gpus, early = poll_gpus(self, ctx)
+        if early is not None:
+            return early
         self._load(ctx)
         assert self._snaps is not None and self._open is not None
         before = set(self._open)
@@ -130,7 +122,7 @@ class NvlinkState(Check):
                         raise
                     counter_errors[link] = err.kind.value
         except NvmlError as err:
-            return [_read_error(self, ctx, target, base, err)]
+            return [read_error(self, ctx, target, base, err, "NVLink")]
         if states and all(s is None for s in states):
             return [self.result(ctx, Status.UNKNOWN, target, "NvmlReadError",
                                 f"no NVLink state of {target} is readable", base)]
@@ -249,18 +241,3 @@ def _went_back(old: dict[str, list[int | None]], cur: dict[str, list[int | None]
     return any(p is not None and v is not None and v < p
                for lk, values in cur.items()
                for v, p in zip(values, old.get(lk) or [None] * len(values), strict=True))
-
-
-def _read_error(check: Check, ctx: Context, target: str, base: dict[str, Any],
-                err: NvmlError) -> Result:
-    """GpuLost -> unknown (inventory fails it); NotSupported / FunctionNotFound -> skipped;
-    any other NVML error -> unknown NvmlReadError, the kind in details."""
-    details = {**base, "nvml_error": str(err), "nvml_error_kind": err.kind.value}
-    if err.kind is NvmlErrorKind.GPU_LOST:
-        return check.result(ctx, Status.UNKNOWN, target, "GpuLost",
-                            f"{target} is lost (GPU_IS_LOST): NVLink cannot be read", details)
-    if err.kind in (NvmlErrorKind.NOT_SUPPORTED, NvmlErrorKind.FUNCTION_NOT_FOUND):
-        return check.result(ctx, Status.SKIPPED, target, "NotSupported",
-                            f"NVLink not supported on {target} ({err.kind.value})", details)
-    return check.result(ctx, Status.UNKNOWN, target, "NvmlReadError",
-                        f"cannot read NVLink of {target}: {err}", details)

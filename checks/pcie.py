@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from checks._gpus import enumeration_error
 from gpu_monitor.check import Check, Context
 from gpu_monitor.hw.nvml import GpuInfo, NvmlError, NvmlErrorKind
 from gpu_monitor.hw.sysfs import PciDevice, pcie_gen
@@ -145,8 +146,7 @@ class Pcie(Check):
         try:
             gpus = nvml.gpus()
         except NvmlError as exc:
-            return [self.result(ctx, Status.UNKNOWN, NODE, "NvmlReadError",
-                                f"cannot enumerate GPUs: {exc}", {"nvml_error": str(exc)})]
+            return [enumeration_error(self, ctx, exc)]
         nics = _nics(ctx)
         gpu_devs = {g.index: _pci(ctx, g.pci_bus_id) for g in gpus}
         nic_devs = {n.address: sysfs.pci_device(n.address) for n in nics}

@@ -58,6 +58,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from checks._gpus import active_gpus
 from gpu_monitor.check import Check, Context
 from gpu_monitor.hw.nvml import NvmlError
 from gpu_monitor.model import NODE, Action, Kind, Result, Status, gpu_target, iso
@@ -441,16 +442,9 @@ class SdcProbe(Check):
                "NvmlReadError", *WORKER_REASONS)
 
     def run(self, ctx: Context) -> Sequence[Result]:
-        nvml = ctx.host.nvml
-        try:
-            gpus = nvml.gpus()
-        except NvmlError as err:
-            return [self.result(ctx, Status.UNKNOWN, NODE, "NvmlReadError",
-                                f"cannot enumerate GPUs: {err}")]
-        results = [self.result(ctx, Status.UNKNOWN, _t(g.index), "DeviceUnavailable",
-                               f"{_t(g.index)} left out of the SDC probe: NVML reports it lost")
-                   for g in gpus if g.lost]
-        usable = [g for g in gpus if not g.lost]
+        results, usable = active_gpus(self, ctx, "left out of the SDC probe")
+        if usable is None:
+            return results
         if not usable:
             return results
         s = _settings(ctx)

@@ -29,9 +29,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from checks._gpus import poll_gpus, read_error
 from gpu_monitor.check import Check, ClearTracker, Context
 from gpu_monitor.hw.nvml import GpuInfo, NvmlError, NvmlErrorKind, Temperatures
-from gpu_monitor.model import NODE, STATUS_SEVERITY, Action, Kind, Result, Status, gpu_target
+from gpu_monitor.model import STATUS_SEVERITY, Action, Kind, Result, Status, gpu_target
 
 LOAD_MATCH = 0.8  # a comparable peer draws >= 80% of this GPU's power
 MIN_PEERS = 2  # a median of fewer peers says nothing about "the others"
@@ -60,17 +61,9 @@ class Temperature(Check):
 
     def poll(self, ctx: Context) -> Sequence[Result]:
         nvml = ctx.host.nvml
-        if not nvml.available():
-            return [self.result(ctx, Status.SKIPPED, NODE, "RequirementMissing",
-                                f"NVML unavailable: {nvml.unavailable_reason()}")]
-        try:
-            gpus = nvml.gpus()
-        except NvmlError as err:
-            return [self.result(ctx, Status.UNKNOWN, NODE, "NvmlReadError",
-                                f"cannot enumerate GPUs: {err}",
-                                {"nvml_error": str(err), "nvml_error_kind": err.kind.value})]
-        if not gpus:
-            return [self.result(ctx, Status.SKIPPED, NODE, "NoGpu", "NVML enumerates no GPU")]
+        gpus, early = poll_gpus(self, ctx)
+        if early is not None:
+            return early
         results: dict[int, Result] = {}
         readings: dict[int, _Reading] = {}
         for gpu in gpus:
@@ -81,7 +74,8 @@ class Temperature(Check):
                                                  gpu.index)
                 temps = nvml.temperatures(gpu.index)
             except NvmlError as err:
-                results[gpu.index] = _read_error(self, ctx, target, {"uuid": gpu.uuid}, err)
+                results[gpu.index] = read_error(self, ctx, target, {"uuid": gpu.uuid}, err,
+                                                "temperatures")
                 continue
             try:
                 power_w: float | None = nvml.power(gpu.index).usage_mw / 1000
@@ -163,19 +157,3 @@ def _peer_median(r: _Reading, peers: list[_Reading], sensor: str) -> tuple[float
     if len(usable) < MIN_PEERS:
         return None, len(usable)
     return float(statistics.median(getattr(p.temps, attr) for p in usable)), len(usable)
-
-
-def _read_error(check: Check, ctx: Context, target: str, base: dict[str, Any],
-                err: NvmlError) -> Result:
-    """GpuLost -> unknown (inventory fails it); NotSupported / FunctionNotFound -> skipped;
-    any other NVML error -> unknown NvmlReadError, the kind in details."""
-    details = {**base, "nvml_error": str(err), "nvml_error_kind": err.kind.value}
-    if err.kind is NvmlErrorKind.GPU_LOST:
-        return check.result(ctx, Status.UNKNOWN, target, "GpuLost",
-                            f"{target} is lost (GPU_IS_LOST): temperatures cannot be read",
-                            details)
-    if err.kind in (NvmlErrorKind.NOT_SUPPORTED, NvmlErrorKind.FUNCTION_NOT_FOUND):
-        return check.result(ctx, Status.SKIPPED, target, "NotSupported",
-                            f"temperature not supported on {target} ({err.kind.value})", details)
-    return check.result(ctx, Status.UNKNOWN, target, "NvmlReadError",
-                        f"cannot read temperatures of {target}: {err}", details)

@@ -37,9 +37,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from checks._gpus import poll_gpus, read_error
 from gpu_monitor.check import Check, ClearTracker, Context
 from gpu_monitor.hw.nvml import GpuInfo, NvmlError, NvmlErrorKind
-from gpu_monitor.model import NODE, STATUS_SEVERITY, Action, Kind, Result, Status, gpu_target
+from gpu_monitor.model import STATUS_SEVERITY, Action, Kind, Result, Status, gpu_target
 
 #: nvmlClocksEventReason* bits by the name used in details and as the metrics ``event`` label.
 EVENT_BITS: dict[str, int] = {
@@ -110,18 +111,9 @@ class Throttle(Check):
         self._hist: dict[str, dict[str, Any]] | None = None
 
     def poll(self, ctx: Context) -> Sequence[Result]:
-        nvml = ctx.host.nvml
-        if not nvml.available():
-            return [self.result(ctx, Status.SKIPPED, NODE, "RequirementMissing",
-                                f"NVML unavailable: {nvml.unavailable_reason()}")]
-        try:
-            gpus = nvml.gpus()
-        except NvmlError as err:
-            return [self.result(ctx, Status.UNKNOWN, NODE, "NvmlReadError",
-                                f"cannot enumerate GPUs: {err}",
-                                {"nvml_error": str(err), "nvml_error_kind": err.kind.value})]
-        if not gpus:
-            return [self.result(ctx, Status.SKIPPED, NODE, "NoGpu", "NVML enumerates no GPU")]
+        gpus, early = poll_gpus(self, ctx)
+        if early is not None:
+            return early
         hist = self._load(ctx)
         results = [self._judge(ctx, gpu, hist) for gpu in gpus]
         if ctx.store is not None:
@@ -138,17 +130,17 @@ class Throttle(Check):
         target = gpu_target(gpu.index)
         base: dict[str, Any] = {"uuid": gpu.uuid}
         if gpu.lost:
-            return _read_error(self, ctx, target, base, gpu.error, "the GPU")
+            return read_error(self, ctx, target, base, gpu.error, "the GPU")
         try:
             mask = nvml.clock_event_reasons(gpu.index)
         except NvmlError as err:
-            return _read_error(self, ctx, target, base, err, "clock event reasons")
+            return read_error(self, ctx, target, base, err, "clock event reasons")
         thermal_ns: int | None = None
         try:
             thermal_ns = nvml.violation_ns(gpu.index, "thermal").violation_ns
         except NvmlError as err:
             if err.kind is NvmlErrorKind.GPU_LOST:
-                return _read_error(self, ctx, target, base, err, "violation time")
+                return read_error(self, ctx, target, base, err, "violation time")
             base["violation_counter_error"] = err.kind.value
 
         window = float(ctx.setting(self.name, "window_s", 600))
@@ -242,20 +234,3 @@ def _valid_sample(s: Any) -> bool:
 
 def _span(mode: str, observed: float) -> str:
     return "the instantaneous sample" if mode == "instantaneous" else f"{observed:.0f} s observed"
-
-
-def _read_error(check: Check, ctx: Context, target: str, base: dict[str, Any],
-                err: NvmlError | None, what: str) -> Result:
-    """GpuLost -> unknown (inventory fails it); NotSupported / FunctionNotFound -> skipped;
-    any other NVML error -> unknown NvmlReadError, the kind in details."""
-    kind = err.kind if err is not None else NvmlErrorKind.GPU_LOST
-    details = {**base, "nvml_error": str(err) if err else "GPU_IS_LOST",
-               "nvml_error_kind": kind.value}
-    if kind is NvmlErrorKind.GPU_LOST:
-        return check.result(ctx, Status.UNKNOWN, target, "GpuLost",
-                            f"{target} is lost (GPU_IS_LOST): {what} cannot be read", details)
-    if kind in (NvmlErrorKind.NOT_SUPPORTED, NvmlErrorKind.FUNCTION_NOT_FOUND):
-        return check.result(ctx, Status.SKIPPED, target, "NotSupported",
-                            f"{what} not supported on {target} ({kind.value})", details)
-    return check.result(ctx, Status.UNKNOWN, target, "NvmlReadError",
-                        f"cannot read {what} of {target}: {err}", details)
