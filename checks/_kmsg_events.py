@@ -154,3 +154,23 @@ def kernel_log(ctx: Context, needles: tuple[bytes, ...], stats: ScanStats
         source.close()
 
 
+
+
+def offline_aware_scan(check: Any, ctx: Context) -> Any:
+    """``check._scan(ctx)`` under the check's lock; a log *file* leaves this node's history be.
+
+    A file given with ``--kmsg`` may come from another host or boot: it is analysed without the
+    state store and with a throw-away set of open problems, so neither this node's event
+    history nor its standing results change. The live ``/dev/kmsg`` scan keeps both.
+    """
+    import dataclasses
+
+    with check._lock:
+        saved_open = check._open
+        if not ctx.host.paths.kmsg_is_device:
+            ctx = dataclasses.replace(ctx, store=None)
+            check._open = OpenProblems(check.name)
+        try:
+            return check._scan(ctx)
+        finally:
+            check._open = saved_open

@@ -20,7 +20,6 @@ lines that could not be used.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 from collections import Counter
@@ -28,7 +27,14 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from checks._kmsg_events import OpenProblems, boot_id, event_time, kernel_log, record_seq
+from checks._kmsg_events import (
+    OpenProblems,
+    boot_id,
+    event_time,
+    kernel_log,
+    offline_aware_scan,
+    record_seq,
+)
 from gpu_monitor.check import Check, ClearTracker, Context
 from gpu_monitor.hw.kmsg import KmsgGap, KmsgRecord
 from gpu_monitor.hw.kmsg_scan import ScanStats
@@ -179,17 +185,7 @@ class NvSwitch(Check):
 
     def run(self, ctx: Context) -> Sequence[Result]:
         """Scan the whole kernel log (an event's lines grouped), then the standing state."""
-        with self._lock:
-            offline = not ctx.host.paths.kmsg_is_device
-            saved_open = self._open
-            if offline:
-                # A log file may come from another host or boot: leave this node's history be.
-                ctx = dataclasses.replace(ctx, store=None)
-                self._open = OpenProblems(self.name)
-            try:
-                return self._scan(ctx)
-            finally:
-                self._open = saved_open
+        return offline_aware_scan(self, ctx)
 
     def _scan(self, ctx: Context) -> list[Result]:
         self._grouper = SxidGrouper()

@@ -24,7 +24,6 @@ Parsing lives in gpu_monitor/rules/xid.py; docs/xid.md explains the classificati
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 from collections import Counter
@@ -37,6 +36,7 @@ from checks._kmsg_events import (
     boot_id,
     event_time,
     kernel_log,
+    offline_aware_scan,
     record_seq,
     reset_times,
     worse_than,
@@ -422,18 +422,7 @@ class Xid(Check):
 
     def run(self, ctx: Context) -> Sequence[Result]:
         """Scan the whole kernel log; one result per event, an ok result per quiet GPU."""
-        with self._lock:
-            offline = not ctx.host.paths.kmsg_is_device
-            saved_open = self._open
-            if offline:
-                # A log file may come from another host or boot: analyse it without touching
-                # this node's history (events, open problems).
-                ctx = dataclasses.replace(ctx, store=None)
-                self._open = OpenProblems(self.name)
-            try:
-                return self._scan(ctx)
-            finally:
-                self._open = saved_open
+        return offline_aware_scan(self, ctx)
 
     def _scan(self, ctx: Context) -> list[Result]:
         """The scan itself: every record through the event path, then quiet GPUs."""
