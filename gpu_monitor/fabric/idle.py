@@ -97,6 +97,36 @@ def pod_gpu_request(pod: Mapping[str, Any], resource: str = GPU_RESOURCE) -> int
     return max(apps, inits)
 
 
+def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of a pod that ``node_facts`` reads (a cache of every pod keeps only these)."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+
+    def res(containers: Any) -> list[dict[str, Any]]:
+        return [{"resources": c.get("resources") or {}} for c in containers or []]
+
+    return {
+        "metadata": {k: meta[k] for k in ("name", "namespace", "labels", "resourceVersion")
+                     if k in meta},
+        "spec": {"nodeName": spec.get("nodeName"), "containers": res(spec.get("containers")),
+                 "initContainers": res(spec.get("initContainers"))},
+        "status": {"phase": (pod.get("status") or {}).get("phase")},
+    }
+
+
+def slim_node(node: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of a node that ``node_facts`` reads (no image list, no addresses, ...)."""
+    meta = node.get("metadata") or {}
+    spec = node.get("spec") or {}
+    status = node.get("status") or {}
+    return {
+        "metadata": {k: meta[k] for k in ("name", "labels", "resourceVersion") if k in meta},
+        "spec": {k: spec[k] for k in ("taints", "unschedulable") if k in spec},
+        "status": {k: status[k] for k in ("allocatable", "capacity", "conditions")
+                   if k in status},
+    }
+
+
 def pod_holds_gpus(pod: Mapping[str, Any], resource: str = GPU_RESOURCE) -> bool:
     """Bound, not finished, and requesting GPUs (a terminating pod still holds them)."""
     if (pod.get("status") or {}).get("phase") in _DONE_PHASES:

@@ -41,13 +41,14 @@ import sys
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from typing import Any
 
 from gpu_monitor.clock import Clock
 from gpu_monitor.fabric.bisect import ABANDONED, FAIL, PASS, UNKNOWN, Bisection, PlannedProbe
+from gpu_monitor.fabric.cache import ListWatchCache
 from gpu_monitor.fabric.idle import (
     ANNOTATION_GROUP,
     ANNOTATION_NODES,
@@ -71,11 +72,15 @@ from gpu_monitor.fabric.idle import (
     ineligible_reason,
     node_facts,
     parse_active_summary,
+    slim_node,
+    slim_pod,
 )
 from gpu_monitor.fabric.probe import parse_summary
 from gpu_monitor.model import iso, parse_iso
 
 log = logging.getLogger(__name__)
+
+ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 
 DEFAULT_TOPOLOGY_LABELS = ("topology.kubernetes.io/rack", "nvidia.com/rail",
                            "network.topology.kubernetes.io/block")
@@ -205,24 +210,46 @@ class FabricApi:
                 return None
             raise
 
-    def _pages(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> list[dict]:
+    def _pages_rv(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> tuple[list[dict], str]:
+        """Every page of a list, and the resourceVersion of the snapshot they come from."""
         items: list[dict] = []
         cont = None
+        rv = ""
         while True:
             page = self.kube.call(fn, *args, limit=500, **({"_continue": cont} if cont else {}),
                                   **kw) or {}
             items += page.get("items") or []
-            cont = (page.get("metadata") or {}).get("continue")
+            meta = page.get("metadata") or {}
+            rv = rv or str(meta.get("resourceVersion") or "")
+            cont = meta.get("continue")
             if not cont:
-                return items
+                return items, rv
+
+    def _pages(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> list[dict]:
+        return self._pages_rv(fn, *args, **kw)[0]
 
     def list_nodes(self, selector: str | None) -> list[dict]:
+        return self.list_nodes_rv(selector)[0]
+
+    def list_nodes_rv(self, selector: str | None) -> tuple[list[dict], str]:
         kw = {"label_selector": selector} if selector else {}
-        return self._pages(self.core.list_node, **kw)
+        return self._pages_rv(self.core.list_node, **kw)
+
+    def watch_nodes(self, selector: str | None, **kw: Any) -> Iterator[tuple[str, dict]]:
+        return self.kube.watch(self.core.list_node, label_selector=selector, bookmarks=True,
+                               **kw)
 
     def list_active_pods(self) -> list[dict]:
-        return self._pages(self.core.list_pod_for_all_namespaces,
-                           field_selector="status.phase!=Succeeded,status.phase!=Failed")
+        return self.list_active_pods_rv()[0]
+
+    def list_active_pods_rv(self) -> tuple[list[dict], str]:
+        return self._pages_rv(self.core.list_pod_for_all_namespaces,
+                              field_selector=ACTIVE_PODS)
+
+    def watch_active_pods(self, **kw: Any) -> Iterator[tuple[str, dict]]:
+        # A pod that stops matching (it finished) arrives as DELETED, as the server promises.
+        return self.kube.watch(self.core.list_pod_for_all_namespaces, field_selector=ACTIVE_PODS,
+                               bookmarks=True, **kw)
 
     def list_pods(self, namespace: str, selector: str) -> list[dict]:
         return self._pages(self.core.list_namespaced_pod, namespace, label_selector=selector)
@@ -693,6 +720,9 @@ class FabricScheduler:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._watch_threads: list[threading.Thread] = []
+        # Nodes and active pods, listed once and watched (``run`` starts them; ``tick`` alone,
+        # as the tests drive it, lists every round).
+        self.caches: dict[str, ListWatchCache] = {}
         self._was_leader = False
         # metrics
         self.counts: Counter[tuple[str, str]] = Counter()
@@ -714,6 +744,7 @@ class FabricScheduler:
         """Campaign for the lease and, while leading, tick; returns after ``stop()``."""
         stop = self._stop
         self._start_watches(stop)
+        self.start_caches()
         s = self.settings
         min_gap = min(0.5, s.interval_s / 2)
         next_renew = next_tick = -math.inf
@@ -749,6 +780,7 @@ class FabricScheduler:
                 else:
                     self._wake.wait(wait)
         finally:
+            self.stop_caches()
             if self.elector is not None and self._release_on_stop:
                 self.elector.release()
             self._was_leader = False
@@ -758,6 +790,32 @@ class FabricScheduler:
         self._release_on_stop = release
         self._stop.set()
         self._wake.set()
+
+    def _current(self, kind: str, lister: Callable[[], list[dict]]) -> list[dict]:
+        """The cache's objects when it can be trusted, else a list now."""
+        cache = self.caches.get(kind)
+        items = cache.items() if cache is not None else None
+        return items if items is not None else lister()
+
+    def start_caches(self) -> None:
+        """List nodes and active pods once and watch them from then on (see fabric/cache.py)."""
+        if self.caches:
+            return
+        sel = self.settings.node_selector
+        self.caches = {
+            "nodes": ListWatchCache("nodes", lambda: self.api.list_nodes_rv(sel),
+                                    lambda **kw: self.api.watch_nodes(sel, **kw),
+                                    transform=slim_node),
+            "pods": ListWatchCache("pods", self.api.list_active_pods_rv,
+                                   self.api.watch_active_pods, transform=slim_pod),
+        }
+        for cache in self.caches.values():
+            cache.start()
+
+    def stop_caches(self) -> None:
+        caches, self.caches = self.caches, {}
+        for cache in caches.values():
+            cache.stop()
 
     def _start_watches(self, stop: threading.Event) -> None:
         if self._watch_threads:
@@ -795,9 +853,10 @@ class FabricScheduler:
                 self._adopt_jobs()
                 self._loaded = True
             now, mono = self.clock.now(), self.clock.monotonic()
-            nodes = {n["metadata"]["name"]: n for n in self.api.list_nodes(s.node_selector)}
+            nodes = {n["metadata"]["name"]: n for n in self._current(
+                "nodes", lambda: self.api.list_nodes(s.node_selector))}
             by_node: dict[str, list[dict]] = {}
-            for p in self.api.list_active_pods():
+            for p in self._current("pods", self.api.list_active_pods):
                 node = (p.get("spec") or {}).get("nodeName")
                 if node:
                     by_node.setdefault(node, []).append(p)

@@ -398,24 +398,40 @@ class Kube:
                      timeout_s: int = 300, stop: threading.Event | None = None,
                      started: Callable[[Any], None] | None = None,
                      ) -> Iterator[tuple[str, dict]]:
-        """(event type, raw object) from a watch; ends at the server's timeout, or raises
-        KubeError (410 Gone: list again). ``started(handle)`` receives a handle whose
-        ``stop()`` ends the stream from another thread."""
+        """(event type, raw object) from a watch of custom objects (see ``watch``)."""
+        return self.watch(self.custom.list_namespaced_custom_object, group, version, namespace,
+                          plural, label_selector=label_selector,
+                          resource_version=resource_version, timeout_s=timeout_s, stop=stop,
+                          started=started)
+
+    def watch(self, fn: Callable[..., Any], *args: Any, label_selector: str | None = None,
+              field_selector: str | None = None, resource_version: str | None = None,
+              timeout_s: int = 300, stop: threading.Event | None = None,
+              started: Callable[[Any], None] | None = None, bookmarks: bool = False,
+              ) -> Iterator[tuple[str, dict]]:
+        """(event type, raw object) from a watch on the list call ``fn``; ends at the server's
+        timeout, or raises KubeError (410 Gone: list again). Objects stay plain dicts (no model
+        classes: a watch of every pod in a cluster must not build one per event).
+        ``started(handle)`` receives a handle whose ``stop()`` ends the stream from another
+        thread. ``bookmarks``: ask for BOOKMARK events (they carry only a resourceVersion)."""
         from kubernetes import watch
         from kubernetes.client.exceptions import ApiException
 
-        w = watch.Watch()
+        w = watch.Watch(return_type="object")
         if started is not None:
             started(_WatchHandle(w))
         kw: dict[str, Any] = {"timeout_seconds": timeout_s,
                               "_request_timeout": (self.request_timeout[0], timeout_s + 30)}
         if label_selector:
             kw["label_selector"] = label_selector
+        if field_selector:
+            kw["field_selector"] = field_selector
         if resource_version:
             kw["resource_version"] = resource_version
+        if bookmarks:
+            kw["allow_watch_bookmarks"] = True
         try:
-            for ev in w.stream(self.custom.list_namespaced_custom_object, group, version,
-                               namespace, plural, **kw):
+            for ev in w.stream(fn, *args, **kw):
                 if stop is not None and stop.is_set():
                     w.stop()
                     return
