@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from gpu_monitor.fabric import termination
 from gpu_monitor.hw.paths import DEFAULT_REPORT_DIR
 from gpu_monitor.model import EXIT_UNKNOWN, EXIT_USAGE, iso, utcnow
 
@@ -66,7 +67,7 @@ PRIORITY_CLASS = "gpu-monitor-idle-check"
 DEFAULT_CHECKS = ("dcgm_diag", "burn_in", "nccl_allreduce", "sdc_probe")
 SUMMARY_KIND = "ActiveCheckSummary"
 SUMMARY_SCHEMA = 1
-TERMINATION_LOG_LIMIT = 4096
+TERMINATION_LOG_LIMIT = termination.TERMINATION_LOG_LIMIT
 
 _DONE_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -420,22 +421,11 @@ def summarize_report(report: Mapping[str, Any], node: str,
                    for r in failed],
         "finished_at": report.get("finished_at"),
     }
-    while len(json.dumps(s, separators=(",", ":")).encode()) > limit and s["not_ok"]:
-        s["not_ok"] = s["not_ok"][: len(s["not_ok"]) // 2]
-        s["truncated"] = True
-    return s
+    return termination.fit(s, "not_ok", "truncated", limit)
 
 
 def parse_active_summary(text: str | None) -> dict[str, Any] | None:
-    if not text:
-        return None
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return None
-    if isinstance(data, dict) and data.get("kind") == SUMMARY_KIND:
-        return data
-    return None
+    return termination.parse(text, SUMMARY_KIND)
 
 
 def failure_report(report: Mapping[str, Any], node: str, now: datetime,

@@ -65,6 +65,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from checks.nccl_allreduce import percentile, sweep_sizes
+from gpu_monitor.fabric import termination
 from gpu_monitor.model import (
     EXIT_HEALTHY,
     EXIT_UNHEALTHY,
@@ -82,7 +83,7 @@ RESULT_KIND = "FabricProbeResult"
 SUMMARY_KIND = "FabricProbeSummary"
 TEST_FAULT_ENV = "GPU_MONITOR_FABRIC_TEST_FAULT"
 CPU_MAX_BYTES = 16 * 1024 * 1024
-TERMINATION_LOG_LIMIT = 4096  # bytes Kubernetes keeps of a termination message
+TERMINATION_LOG_LIMIT = termination.TERMINATION_LOG_LIMIT
 OPS = ("all_reduce", "all_gather")
 REASONS = ("FabricWrongData", "FabricBusBwLow", "FabricLatencyHigh", "FabricTransportFallback",
            "FabricProbeError")
@@ -563,25 +564,12 @@ def summarize(result: Mapping[str, Any], node: str | None = None,
         s["error"] = str(result["error"])[:500]
     if result.get("test_fault"):
         s["test_fault"] = result["test_fault"]
-    while len(json.dumps(s, separators=(",", ":")).encode()) > limit and s["nodes"]:
-        s["nodes"] = s["nodes"][: len(s["nodes"]) // 2]
-        s["nodes_truncated"] = True
-    return s
+    return termination.fit(s, "nodes", "nodes_truncated", limit)
 
 
 def parse_summary(text: str | None) -> dict[str, Any] | None:
     """A summary back from a termination message; None if it is not one."""
-    if not text:
-        return None
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return None
-    if not isinstance(data, dict) or data.get("kind") != SUMMARY_KIND:
-        return None
-    if data.get("schema") != RESULT_SCHEMA:
-        return None
-    return data
+    return termination.parse(text, SUMMARY_KIND, RESULT_SCHEMA)
 
 
 def _round(v: Any) -> Any:

@@ -90,6 +90,21 @@ def _kube(args: argparse.Namespace, api_factory: ApiFactory | None) -> Any:
     return api if isinstance(api, Kube) else Kube(api, Clock(), retry_deadline_s=15.0)
 
 
+def _setup(args: argparse.Namespace, api_factory: ApiFactory | None) -> tuple[Any, Any] | int:
+    """(config, Kube), or the exit code after saying why not (2: bad config or no cluster)."""
+    from gpu_monitor.config import ConfigError
+
+    try:
+        config = _config(args)
+    except ConfigError as exc:
+        return _fail(str(exc), 2)
+    try:
+        kube = _kube(args, api_factory)
+    except Exception as exc:  # noqa: BLE001 - no kubeconfig, no in-cluster config
+        return _fail(f"cannot configure a Kubernetes client: {exc}", 2)
+    return config, kube
+
+
 def _print(args: argparse.Namespace, data: Any, table: str) -> None:
     if getattr(args, "output", "table") == "json":
         print(json.dumps(data, indent=2, sort_keys=True))
@@ -106,18 +121,13 @@ def _fail(message: str, code: int = 1) -> int:
 
 
 def cmd_breaker(args: argparse.Namespace, api_factory: ApiFactory | None = None) -> int:
-    from gpu_monitor.config import ConfigError
     from gpu_monitor.remediate.breaker import Breaker, BreakerSettings, budget_for
     from gpu_monitor.remediate.kube import KubeError
 
-    try:
-        config = _config(args)
-    except ConfigError as exc:
-        return _fail(str(exc), 2)
-    try:
-        kube = _kube(args, api_factory)
-    except Exception as exc:  # noqa: BLE001 - no kubeconfig, no in-cluster config
-        return _fail(f"cannot configure a Kubernetes client: {exc}", 2)
+    ready = _setup(args, api_factory)
+    if isinstance(ready, int):
+        return ready
+    config, kube = ready
     settings = BreakerSettings.from_config(config.remediation.breaker, args.namespace)
     breaker = Breaker(kube, settings)
     action = args.breaker_command
@@ -197,17 +207,12 @@ def _render_node(s: dict[str, Any]) -> str:
 
 
 def cmd_quarantine(args: argparse.Namespace, api_factory: ApiFactory | None = None) -> int:
-    from gpu_monitor.config import ConfigError
     from gpu_monitor.remediate.kube import ANNOTATIONS, LABEL_STATE, KubeError
 
-    try:
-        config = _config(args)
-    except ConfigError as exc:
-        return _fail(str(exc), 2)
-    try:
-        kube = _kube(args, api_factory)
-    except Exception as exc:  # noqa: BLE001 - no kubeconfig, no in-cluster config
-        return _fail(f"cannot configure a Kubernetes client: {exc}", 2)
+    ready = _setup(args, api_factory)
+    if isinstance(ready, int):
+        return ready
+    config, kube = ready
     taint_key = config.remediation.taint_key
     action = args.quarantine_command
     try:
