@@ -9,21 +9,21 @@ import sys
 
 import pytest
 
-from checks.sdc_probe import (
-    REFERENCE_KIND,
-    ReferenceUnreadable,
-    SdcProbe,
-    find_reference,
-    judge,
-    read_reference,
-    reference_key,
-    write_reference,
-)
+from checks.sdc_probe import SdcProbe
 from gpu_monitor.check import Context
 from gpu_monitor.config import parse_config
 from gpu_monitor.model import Action, Status
 from gpu_monitor.profiles import load_profile
 from gpu_monitor.runner import run_check
+from gpu_monitor.sdc.probe_judge import judge
+from gpu_monitor.sdc.probe_reference import (
+    REFERENCE_KIND,
+    ReferenceUnreadable,
+    find_reference,
+    read_reference,
+    reference_key,
+    write_reference,
+)
 from gpu_monitor.sdc.probe_worker import TEST_NONDETERMINISM_ENV
 from gpu_monitor.sim.inject import parse
 from gpu_monitor.sim.node import SimulatedNode
