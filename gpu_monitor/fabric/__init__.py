@@ -7,7 +7,9 @@ periodic single-node checks on idle nodes (docs/fabric.md).
 - ``idle``: when a node counts as idle and due, and the single-node active-check Job;
 - ``scheduler``: ``gpu-monitor fabric-scheduler``, the Lease-led Deployment that finds idle
   nodes, launches probe Jobs, bisects failures and files ``GPUHealthReport`` objects;
-- ``cache``: the scheduler's list-watch cache of nodes and active pods;
+- ``api``, ``lease``, ``plan``, ``metrics``, ``cache``: the scheduler's Kubernetes calls, its
+  Lease election, its pure planning (groups, Jobs, probe state), its ``/metrics`` and its
+  list-watch cache of nodes and active pods;
 - ``termination``: the summary a probe or check pod leaves in its termination message;
 - ``cli``: the ``register`` functions the main command line calls.
 

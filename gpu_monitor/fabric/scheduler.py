@@ -41,23 +41,21 @@ import sys
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from typing import Any
 
 from gpu_monitor.clock import Clock
+from gpu_monitor.fabric.api import FabricApi
 from gpu_monitor.fabric.bisect import ABANDONED, FAIL, PASS, UNKNOWN, Bisection, PlannedProbe
 from gpu_monitor.fabric.cache import ListWatchCache
 from gpu_monitor.fabric.idle import (
     ANNOTATION_GROUP,
     ANNOTATION_NODES,
-    COMPONENT_PROBE,
     DEFAULT_CHECKS,
     DEFAULT_TAINT_KEY,
     GPU_RESOURCE,
-    HOSTNAME_LABEL,
-    LABEL_COMPONENT,
     LABEL_MANAGED_BY,
     LABEL_NAME,
     LABEL_PROBE_ID,
@@ -71,27 +69,30 @@ from gpu_monitor.fabric.idle import (
     decide,
     ineligible_reason,
     node_facts,
-    parse_active_summary,
     slim_node,
     slim_pod,
 )
-from gpu_monitor.fabric.probe import parse_summary
+from gpu_monitor.fabric.lease import LeaderElector
+from gpu_monitor.fabric.metrics import serve_metrics
+from gpu_monitor.fabric.plan import (
+    KINDS,
+    ProbeState,
+    job_condition,
+    load_template,
+    plan_groups,
+    probe_state,
+    render_probe_job,
+)
 from gpu_monitor.model import iso, parse_iso
 
 log = logging.getLogger(__name__)
-
-ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 
 DEFAULT_TOPOLOGY_LABELS = ("topology.kubernetes.io/rack", "nvidia.com/rail",
                            "network.topology.kubernetes.io/block")
 DEFAULT_TEMPLATE = "/etc/gpu-monitor/fabric/job-template.yaml"
 REPORT_REASON = "FabricProbeFailed"
 REPORT_SOURCE = "gpu-monitor fabric-scheduler"
-KINDS = ("group", "bisect", "active-check")
-OUTCOMES = (PASS, FAIL, UNKNOWN, ABANDONED)
 STATE_KEY = "nodes.json"
-INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
-INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 
 #: Every (apiGroup, resource, verbs) the scheduler uses; daemonset/fabric/rbac.yaml grants
 #: exactly these (tests/fabric hold the manifests to it). Cluster-wide it only reads: nodes
@@ -183,473 +184,6 @@ def settings_from_mapping(data: Mapping[str, Any], base: SchedulerSettings | Non
             value = {str(k): str(v) for k, v in (value or {}).items()}
         values[key] = value
     return replace(base or SchedulerSettings(), **values).validate()
-
-
-# --- the Kubernetes calls -----------------------------------------------------------------------
-
-
-class FabricApi:
-    """The few endpoints the scheduler uses, through ``remediate.kube.Kube`` (raw JSON,
-    retries, rate-limited writes, ``KubeError``)."""
-
-    def __init__(self, kube: Any):
-        from kubernetes import client
-
-        self.kube = kube
-        self.core = kube.core
-        self.batch = client.BatchV1Api(kube.api_client)
-        self.coord = client.CoordinationV1Api(kube.api_client)
-
-    def _missing_ok(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
-        from gpu_monitor.remediate.kube import KubeError
-
-        try:
-            return self.kube.call(fn, *args, **kw)
-        except KubeError as err:
-            if err.status == 404:
-                return None
-            raise
-
-    def _pages_rv(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> tuple[list[dict], str]:
-        """Every page of a list, and the resourceVersion of the snapshot they come from."""
-        items: list[dict] = []
-        cont = None
-        rv = ""
-        while True:
-            page = self.kube.call(fn, *args, limit=500, **({"_continue": cont} if cont else {}),
-                                  **kw) or {}
-            items += page.get("items") or []
-            meta = page.get("metadata") or {}
-            rv = rv or str(meta.get("resourceVersion") or "")
-            cont = meta.get("continue")
-            if not cont:
-                return items, rv
-
-    def _pages(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> list[dict]:
-        return self._pages_rv(fn, *args, **kw)[0]
-
-    def list_nodes(self, selector: str | None) -> list[dict]:
-        return self.list_nodes_rv(selector)[0]
-
-    def list_nodes_rv(self, selector: str | None) -> tuple[list[dict], str]:
-        kw = {"label_selector": selector} if selector else {}
-        return self._pages_rv(self.core.list_node, **kw)
-
-    def watch_nodes(self, selector: str | None, **kw: Any) -> Iterator[tuple[str, dict]]:
-        return self.kube.watch(self.core.list_node, label_selector=selector, bookmarks=True,
-                               **kw)
-
-    def list_active_pods(self) -> list[dict]:
-        return self.list_active_pods_rv()[0]
-
-    def list_active_pods_rv(self) -> tuple[list[dict], str]:
-        return self._pages_rv(self.core.list_pod_for_all_namespaces,
-                              field_selector=ACTIVE_PODS)
-
-    def watch_active_pods(self, **kw: Any) -> Iterator[tuple[str, dict]]:
-        # A pod that stops matching (it finished) arrives as DELETED, as the server promises.
-        return self.kube.watch(self.core.list_pod_for_all_namespaces, field_selector=ACTIVE_PODS,
-                               bookmarks=True, **kw)
-
-    def list_pods(self, namespace: str, selector: str) -> list[dict]:
-        return self._pages(self.core.list_namespaced_pod, namespace, label_selector=selector)
-
-    def list_jobs(self, namespace: str, selector: str) -> list[dict]:
-        return self._pages(self.batch.list_namespaced_job, namespace, label_selector=selector)
-
-    def create_job(self, namespace: str, body: dict) -> dict:
-        return self.kube.call(self.batch.create_namespaced_job, namespace, body, write=True,
-                              retry_statuses=frozenset({429, 503}))
-
-    def delete_job(self, namespace: str, name: str) -> None:
-        self._missing_ok(self.batch.delete_namespaced_job, name, namespace,
-                         propagation_policy="Background", write=True)
-
-    def get_lease(self, namespace: str, name: str) -> dict | None:
-        return self._missing_ok(self.coord.read_namespaced_lease, name, namespace,
-                                deadline_s=2.0)
-
-    def create_lease(self, namespace: str, body: dict) -> dict:
-        return self.kube.call(self.coord.create_namespaced_lease, namespace, body, write=True,
-                              retry_statuses=frozenset(), deadline_s=2.0)
-
-    def replace_lease(self, namespace: str, name: str, body: dict) -> dict:
-        return self.kube.call(self.coord.replace_namespaced_lease, name, namespace, body,
-                              write=True, retry_statuses=frozenset(), deadline_s=2.0)
-
-    def get_configmap(self, namespace: str, name: str) -> dict | None:
-        return self._missing_ok(self.core.read_namespaced_config_map, name, namespace)
-
-    def create_configmap(self, namespace: str, body: dict) -> dict:
-        return self.kube.call(self.core.create_namespaced_config_map, namespace, body,
-                              write=True, retry_statuses=frozenset({429, 503}))
-
-    def replace_configmap(self, namespace: str, name: str, body: dict) -> dict:
-        return self.kube.call(self.core.replace_namespaced_config_map, name, namespace, body,
-                              write=True, retry_statuses=frozenset({429, 503}))
-
-    def create_report(self, namespace: str, body: dict) -> dict:
-        from gpu_monitor.remediate.reports import GROUP, PLURAL, VERSION
-
-        return self.kube.create_custom(GROUP, VERSION, namespace, PLURAL, body)
-
-    def watch(self, kind: str, namespace: str, selector: str, stop: threading.Event,
-              on_event: Callable[[], None], timeout_s: int = 300) -> None:
-        """Call ``on_event`` on every change to our Jobs or pods until ``stop`` (restarting
-        the stream as needed). The loop re-lists; the watch only makes it prompt."""
-        from kubernetes import watch
-
-        fn = self.batch.list_namespaced_job if kind == "jobs" else self.core.list_namespaced_pod
-        while not stop.is_set():
-            w = watch.Watch()
-            try:
-                for _ in w.stream(fn, namespace, label_selector=selector,
-                                  timeout_seconds=timeout_s,
-                                  _request_timeout=(5.0, timeout_s + 30)):
-                    on_event()
-                    if stop.is_set():
-                        w.stop()
-                        return
-            except Exception as exc:  # noqa: BLE001 - the watch must survive anything
-                log.debug("watch of %s ended: %s", kind, exc)
-                stop.wait(1.0)
-
-
-# --- leadership ---------------------------------------------------------------------------------
-
-
-def micro_time(ts: datetime) -> str:
-    """A Lease MicroTime: RFC 3339 with exactly six fractional digits."""
-    return ts.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-class LeaderElector:
-    """One candidate for the Lease (client-go's leaderelection rules).
-
-    - Expiry is judged on *this* process's clock: a holder is considered gone when its record
-      (holder, renewTime, transitions) has not changed for ``lease_duration_s`` since we first
-      saw it, so clock skew between candidates does not matter.
-    - Every write carries the resourceVersion read just before (a conflict means someone
-      else wrote: we are not the leader this round).
-    - The leader considers itself leader only until ``renew_deadline_s`` after its last
-      successful renewal, which is shorter than the lease duration another candidate waits.
-    """
-
-    def __init__(self, api: FabricApi, namespace: str, name: str, identity: str, *,
-                 lease_duration_s: float = 15.0, renew_deadline_s: float = 10.0,
-                 clock: Clock | None = None):
-        self.api = api
-        self.namespace, self.name, self.identity = namespace, name, identity
-        self.lease_duration_s = lease_duration_s
-        self.renew_deadline_s = renew_deadline_s
-        self.clock = clock or Clock()
-        self._leader = False
-        self._last_renew = -math.inf
-        self._observed: tuple[Any, ...] | None = None
-        self._observed_at = -math.inf
-        self.transitions_seen = 0
-
-    @property
-    def is_leader(self) -> bool:
-        return self._leader and self.clock.monotonic() - self._last_renew < self.renew_deadline_s
-
-    def _spec(self, now: datetime, acquire: str, transitions: int) -> dict[str, Any]:
-        return {"holderIdentity": self.identity,
-                "leaseDurationSeconds": max(1, int(math.ceil(self.lease_duration_s))),
-                "acquireTime": acquire, "renewTime": micro_time(now),
-                "leaseTransitions": transitions}
-
-    def try_acquire_or_renew(self) -> bool:
-        from gpu_monitor.remediate.kube import KubeError
-
-        now, mono = self.clock.now(), self.clock.monotonic()
-        try:
-            lease = self.api.get_lease(self.namespace, self.name)
-            if lease is None:
-                body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                        "metadata": {"name": self.name, "namespace": self.namespace},
-                        "spec": self._spec(now, micro_time(now), 0)}
-                self.api.create_lease(self.namespace, body)
-                return self._won(mono, body["spec"])
-            spec = lease.get("spec") or {}
-            holder = spec.get("holderIdentity") or ""
-            record = (holder, spec.get("renewTime"), spec.get("leaseTransitions"),
-                      spec.get("acquireTime"))
-            if record != self._observed:
-                self._observed, self._observed_at = record, mono
-            duration = float(spec.get("leaseDurationSeconds") or self.lease_duration_s)
-            if holder and holder != self.identity and mono - self._observed_at < duration:
-                self._leader = False
-                return False
-            ours = holder == self.identity
-            transitions = int(spec.get("leaseTransitions") or 0) + (0 if ours else 1)
-            acquire = spec.get("acquireTime") if ours and spec.get("acquireTime") \
-                else micro_time(now)
-            new = copy.deepcopy(lease)
-            new["spec"] = {**spec, **self._spec(now, acquire, transitions)}
-            self.api.replace_lease(self.namespace, self.name, new)
-            if not ours:
-                log.info("%s took the lease %s/%s from %r", self.identity, self.namespace,
-                         self.name, holder or None)
-            return self._won(mono, new["spec"])
-        except KubeError as err:
-            if err.status == 409:
-                log.debug("lease %s: lost a race (%s)", self.name, err)
-            else:
-                log.warning("lease %s: %s", self.name, err)
-            return self.is_leader
-
-    def _won(self, mono: float, spec: Mapping[str, Any]) -> bool:
-        if not self._leader:
-            self.transitions_seen += 1
-        self._leader = True
-        self._last_renew = mono
-        self._observed = (spec.get("holderIdentity"), spec.get("renewTime"),
-                          spec.get("leaseTransitions"), spec.get("acquireTime"))
-        self._observed_at = mono
-        return True
-
-    def release(self) -> None:
-        """Step down now, so another candidate need not wait a lease duration."""
-        from gpu_monitor.remediate.kube import KubeError
-
-        if not self._leader:
-            return
-        self._leader = False
-        try:
-            lease = self.api.get_lease(self.namespace, self.name)
-            if lease and (lease.get("spec") or {}).get("holderIdentity") == self.identity:
-                new = copy.deepcopy(lease)
-                new["spec"] = {**(lease.get("spec") or {}), "holderIdentity": "",
-                               "leaseDurationSeconds": 1,
-                               "renewTime": micro_time(self.clock.now())}
-                self.api.replace_lease(self.namespace, self.name, new)
-        except KubeError as err:
-            log.warning("releasing the lease %s: %s", self.name, err)
-
-
-# --- grouping (pure) -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Group:
-    name: str
-    nodes: tuple[str, ...]
-    topology: str = ""  # "label=value", or "" when no topology label applied
-
-
-def _chunks(items: Sequence[str], size: int) -> list[tuple[str, ...]]:
-    """``items`` in ceil(n/size) nearly equal consecutive chunks."""
-    if not items:
-        return []
-    k = math.ceil(len(items) / size)
-    base, extra = divmod(len(items), k)
-    out, start = [], 0
-    for i in range(k):
-        n = base + (1 if i < extra else 0)
-        out.append(tuple(items[start:start + n]))
-        start += n
-    return out
-
-
-def plan_groups(nodes: Iterable[NodeFacts], topology_labels: Sequence[str], group_size: int,
-                min_group_size: int = 2) -> list[Group]:
-    """Groups of at most ``group_size`` nodes sharing the first topology label present;
-    topology domains with fewer than ``min_group_size`` candidates are pooled together (a
-    cross-domain group) rather than left out."""
-    domains: dict[tuple[str, str], list[str]] = {}
-    for f in nodes:
-        key = next(((k, f.labels[k]) for k in topology_labels if f.labels.get(k)), ("", ""))
-        domains.setdefault(key, []).append(f.name)
-    groups: list[Group] = []
-    leftovers: list[str] = []
-    for (key, value), names in sorted(domains.items()):
-        names = sorted(names)
-        if len(names) < min_group_size:
-            leftovers += names
-            continue
-        short = key.rsplit("/", 1)[-1]
-        for i, chunk in enumerate(_chunks(names, group_size)):
-            label = f"{short}={value}" if key else "all"
-            groups.append(Group(f"{label}.{i}", chunk, f"{key}={value}" if key else ""))
-    if len(leftovers) >= min_group_size:
-        for i, chunk in enumerate(_chunks(sorted(leftovers), group_size)):
-            groups.append(Group(f"mixed.{i}", chunk, "mixed"))
-    return groups
-
-
-# --- Jobs (pure) ------------------------------------------------------------------------------------
-
-
-def load_template(path: str) -> dict[str, Any]:
-    import yaml
-
-    with open(path, encoding="utf-8") as fh:
-        data = yaml.safe_load(fh)
-    if not isinstance(data, dict) or data.get("kind") != "Job":
-        raise ValueError(f"{path}: not a batch/v1 Job template")
-    return data
-
-
-def _set_env(container: dict[str, Any], values: Mapping[str, str]) -> None:
-    env = [e for e in container.get("env") or [] if e.get("name") not in values]
-    container["env"] = [{"name": k, "value": str(v)} for k, v in values.items()] + env
-
-
-def render_probe_job(template: Mapping[str, Any], *, probe_id: str, kind: str,
-                     nodes: Sequence[str], group: str, gpus_per_node: int,
-                     settings: SchedulerSettings) -> dict[str, Any]:
-    """The Indexed Job for one probe: ``len(nodes)`` pods, one per node (node affinity to the
-    set, anti-affinity between the pods), each requesting ``gpus_per_node`` GPUs and the RDMA
-    resources, at the idle-check priority; rank 0's pod is the torchrun master."""
-    job = copy.deepcopy(dict(template))
-    name = f"gpu-monitor-fabric-{probe_id}"
-    ns = settings.namespace
-    labels = {LABEL_NAME: "gpu-monitor", LABEL_COMPONENT: COMPONENT_PROBE,
-              LABEL_MANAGED_BY: MANAGER, LABEL_PROBE_ID: probe_id, LABEL_PROBE_KIND: kind}
-    meta = job.setdefault("metadata", {})
-    meta.pop("generateName", None)
-    meta["name"], meta["namespace"] = name, ns
-    meta["labels"] = {**(meta.get("labels") or {}), **labels}
-    meta["annotations"] = {**(meta.get("annotations") or {}),
-                           ANNOTATION_NODES: json.dumps(list(nodes)), ANNOTATION_GROUP: group}
-    spec = job.setdefault("spec", {})
-    spec["completionMode"] = "Indexed"
-    spec["completions"] = spec["parallelism"] = len(nodes)
-    spec.setdefault("backoffLimit", 0)
-    pod = spec.setdefault("template", {})
-    pmeta = pod.setdefault("metadata", {})
-    pmeta["labels"] = {**(pmeta.get("labels") or {}), **labels}
-    pspec = pod.setdefault("spec", {})
-    pspec["priorityClassName"] = settings.priority_class
-    pspec.setdefault("restartPolicy", "Never")
-    affinity = pspec.setdefault("affinity", {})
-    affinity["nodeAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": {
-        "nodeSelectorTerms": [{"matchExpressions": [
-            {"key": HOSTNAME_LABEL, "operator": "In", "values": list(nodes)}]}]}}
-    affinity["podAntiAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [
-        {"labelSelector": {"matchLabels": {LABEL_PROBE_ID: probe_id}},
-         "topologyKey": HOSTNAME_LABEL}]}
-    subdomain = pspec.get("subdomain")
-    master = f"{name}-0.{subdomain}.{ns}.svc" if subdomain else f"{name}-0"
-    containers = pspec.get("containers") or []
-    if not containers:
-        raise ValueError("the Job template has no container")
-    main = containers[0]
-    if settings.image:
-        main["image"] = settings.image
-    _set_env(main, {"NNODES": str(len(nodes)), "GPUS_PER_NODE": str(gpus_per_node),
-                    "MASTER_ADDR": master, "GPU_MONITOR_FABRIC_GROUP": group})
-    if settings.probe_args:
-        main["args"] = list(main.get("args") or []) + list(settings.probe_args)
-    res = main.setdefault("resources", {})
-    want = {settings.gpu_resource: str(gpus_per_node), **dict(settings.rdma_resources)}
-    res["requests"] = {**(res.get("requests") or {}), **want}
-    res["limits"] = {**(res.get("limits") or {}), **want}
-    return job
-
-
-# --- probe state (pure) ------------------------------------------------------------------------------
-
-
-def _terminated_message(pod: Mapping[str, Any]) -> str | None:
-    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-        term = (cs.get("state") or {}).get("terminated") or \
-            (cs.get("lastState") or {}).get("terminated") or {}
-        if term.get("message"):
-            return str(term["message"])
-    return None
-
-
-def _pod_index(pod: Mapping[str, Any]) -> int | None:
-    meta = pod.get("metadata") or {}
-    raw = (meta.get("labels") or {}).get(INDEX_LABEL) or \
-        (meta.get("annotations") or {}).get(INDEX_ANNOTATION)
-    try:
-        return int(raw) if raw is not None else None
-    except ValueError:
-        return None
-
-
-def _disrupted(pod: Mapping[str, Any]) -> bool:
-    if (pod.get("metadata") or {}).get("deletionTimestamp") and \
-            (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
-        return True
-    return any(c.get("type") == "DisruptionTarget" and c.get("status") == "True"
-               for c in (pod.get("status") or {}).get("conditions") or [])
-
-
-def _job_condition(job: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
-    for c in (job.get("status") or {}).get("conditions") or []:
-        if c.get("type") == kind and c.get("status") == "True":
-            return c
-    return None
-
-
-@dataclass(frozen=True)
-class ProbeState:
-    """Where a launched Job stands. ``outcome`` is None while it runs."""
-
-    outcome: str | None
-    why: str = ""
-    summary: Mapping[str, Any] | None = None
-    partial: tuple[Mapping[str, Any], ...] = ()
-
-
-def probe_state(job: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]], expected: int,
-                age_s: float, *, schedule_timeout_s: float, probe_timeout_s: float,
-                kind: str = "group", max_pods_seen: int = 0) -> ProbeState:
-    """Classify a probe from its Job and pods (pure; table-tested).
-
-    A verdict from rank 0 (or any rank's copy of it) decides pass / fail / unknown even if
-    something happened afterwards. Without one: pods preempted or deleted, the Job gone, or
-    never scheduled within ``schedule_timeout_s`` -> abandoned; the Job failed or overran
-    ``probe_timeout_s`` without a verdict -> unknown.
-    """
-    parse = parse_active_summary if kind == "active-check" else parse_summary
-    summaries = []
-    for p in sorted(pods, key=lambda p: (_pod_index(p) is None, _pod_index(p) or 0)):
-        s = parse(_terminated_message(p))
-        if s is not None:
-            summaries.append(s)
-    decided = [s for s in summaries if s.get("verdict") in ("healthy", "unhealthy", "unknown")
-               and not s.get("error")]
-    if decided:
-        s = decided[0]
-        outcome = {"healthy": PASS, "unhealthy": FAIL}.get(s["verdict"], UNKNOWN)
-        return ProbeState(outcome, f"verdict {s['verdict']}", s, tuple(summaries))
-    disrupted = [p for p in pods if _disrupted(p)]
-    if job is None:
-        return ProbeState(ABANDONED, "the Job was deleted", None, tuple(summaries))
-    if disrupted:
-        names = ", ".join(sorted((p.get("metadata") or {}).get("name", "?") for p in disrupted))
-        return ProbeState(ABANDONED, f"preempted or deleted: {names}", None, tuple(summaries))
-    failed = _job_condition(job, "Failed")
-    if failed is not None:
-        reason = str(failed.get("reason") or "")
-        if reason == "PodFailurePolicy" or len(pods) < max_pods_seen:
-            return ProbeState(ABANDONED, f"the Job failed ({reason}): a pod was disrupted",
-                              None, tuple(summaries))
-        if reason == "DeadlineExceeded":
-            return ProbeState(UNKNOWN, "the Job overran its deadline", None, tuple(summaries))
-        errors = [s.get("error") for s in summaries if s.get("error")]
-        why = f"the Job failed ({reason or 'no reason'})" + (f": {errors[0]}" if errors else "")
-        return ProbeState(UNKNOWN, why, None, tuple(summaries))
-    if _job_condition(job, "Complete") is not None:
-        return ProbeState(UNKNOWN, "the Job completed without a verdict", None,
-                          tuple(summaries))
-    if len(pods) < max_pods_seen:
-        return ProbeState(ABANDONED, f"{max_pods_seen - len(pods)} pod(s) disappeared", None,
-                          tuple(summaries))
-    running = [p for p in pods if (p.get("status") or {}).get("phase") in
-               ("Running", "Succeeded", "Failed")]
-    if len(running) < expected and age_s >= schedule_timeout_s:
-        return ProbeState(ABANDONED, f"only {len(running)} of {expected} pods started within "
-                                     f"{schedule_timeout_s:.0f} s", None, tuple(summaries))
-    if age_s >= probe_timeout_s:
-        return ProbeState(UNKNOWN, f"no verdict within {probe_timeout_s:.0f} s", None,
-                          tuple(summaries))
-    return ProbeState(None, "running")
 
 
 # --- the scheduler -----------------------------------------------------------------------------------
@@ -1199,7 +733,7 @@ class FabricScheduler:
             pid = labels.get(LABEL_PROBE_ID)
             if not pid or pid in self.in_flight:
                 continue
-            if _job_condition(job, "Complete") or _job_condition(job, "Failed"):
+            if job_condition(job, "Complete") or job_condition(job, "Failed"):
                 continue
             try:
                 nodes = tuple(json.loads((meta.get("annotations") or {}).get(ANNOTATION_NODES)
@@ -1233,121 +767,6 @@ class FabricScheduler:
 
 def _default_identity() -> str:
     return f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:6]}"
-
-
-# --- metrics ------------------------------------------------------------------------------------------
-
-
-def fabric_metric_docs() -> tuple[Any, ...]:
-    from gpu_monitor.metrics import MetricDoc
-
-    return (
-        MetricDoc("gpu_monitor_fabric_leader", "gauge", (),
-                  "1 when this fabric-scheduler replica holds the lease."),
-        MetricDoc("gpu_monitor_fabric_group_busbw_gb_per_s", "gauge", ("group", "op"),
-                  "Bus bandwidth at the largest size of the last probe of each group."),
-        MetricDoc("gpu_monitor_fabric_group_small_latency_p95_seconds", "gauge",
-                  ("group", "op"), "Worst small-message p95 latency of the last group probe."),
-        MetricDoc("gpu_monitor_fabric_pair_busbw_gb_per_s", "gauge", ("node_a", "node_b", "op"),
-                  "Bus bandwidth at the largest size of the last probe of each node pair."),
-        MetricDoc("gpu_monitor_fabric_pair_small_latency_p95_seconds", "gauge",
-                  ("node_a", "node_b", "op"),
-                  "Worst small-message p95 latency of the last probe of each node pair."),
-        MetricDoc("gpu_monitor_fabric_last_probe_timestamp_seconds", "gauge", ("node",),
-                  "When each node last completed a fabric probe (Unix time)."),
-        MetricDoc("gpu_monitor_fabric_last_active_check_timestamp_seconds", "gauge", ("node",),
-                  "When each node last completed the idle-time active checks (Unix time)."),
-        MetricDoc("gpu_monitor_fabric_probes_total", "counter", ("kind", "outcome"),
-                  "Probes finished, by kind (group, bisect, active-check) and outcome (pass, "
-                  "fail, unknown, abandoned)."),
-        MetricDoc("gpu_monitor_fabric_probes_in_flight", "gauge", ("kind",),
-                  "Probe Jobs running now."),
-        MetricDoc("gpu_monitor_fabric_bisections_in_progress", "gauge", (),
-                  "Failed groups being bisected."),
-        MetricDoc("gpu_monitor_fabric_reports_total", "counter", (),
-                  "GPUHealthReports filed for nodes a bisection named."),
-        MetricDoc("gpu_monitor_fabric_idle_nodes", "gauge", (),
-                  "GPU nodes eligible and idle long enough to be probed now."),
-    )
-
-
-class FabricCollector:
-    """A prometheus_client collector reading the scheduler's snapshot at scrape time."""
-
-    def __init__(self, scheduler: FabricScheduler):
-        self.scheduler = scheduler
-
-    def collect(self) -> Iterable[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-        docs = {d.name: d.help for d in fabric_metric_docs()}
-        snap = self.scheduler.snapshot()
-
-        def gauge(name: str, labels: Sequence[str] = ()) -> Any:
-            return GaugeMetricFamily(name, docs[name], labels=list(labels))
-
-        g = gauge("gpu_monitor_fabric_leader")
-        g.add_metric([], 1.0 if snap["leader"] else 0.0)
-        yield g
-        bw = gauge("gpu_monitor_fabric_group_busbw_gb_per_s", ("group", "op"))
-        lat = gauge("gpu_monitor_fabric_group_small_latency_p95_seconds", ("group", "op"))
-        for group, ops in sorted(snap["groups"].items()):
-            for op, v in sorted(ops.items()):
-                if v.get("busbw_gb_per_s") is not None:
-                    bw.add_metric([group, op], float(v["busbw_gb_per_s"]))
-                if v.get("small_p95_s") is not None:
-                    lat.add_metric([group, op], float(v["small_p95_s"]))
-        yield bw
-        yield lat
-        bw = gauge("gpu_monitor_fabric_pair_busbw_gb_per_s", ("node_a", "node_b", "op"))
-        lat = gauge("gpu_monitor_fabric_pair_small_latency_p95_seconds",
-                    ("node_a", "node_b", "op"))
-        for (a, b), ops in sorted(snap["pairs"].items()):
-            for op, v in sorted(ops.items()):
-                if v.get("busbw_gb_per_s") is not None:
-                    bw.add_metric([a, b, op], float(v["busbw_gb_per_s"]))
-                if v.get("small_p95_s") is not None:
-                    lat.add_metric([a, b, op], float(v["small_p95_s"]))
-        yield bw
-        yield lat
-        for name, key in (("gpu_monitor_fabric_last_probe_timestamp_seconds", "last_probe"),
-                          ("gpu_monitor_fabric_last_active_check_timestamp_seconds",
-                           "last_check")):
-            g = gauge(name, ("node",))
-            for node, rec in sorted(snap["records"].items()):
-                if rec.get(key):
-                    g.add_metric([node], parse_iso(rec[key]).timestamp())
-            yield g
-        c = CounterMetricFamily("gpu_monitor_fabric_probes_total",
-                                docs["gpu_monitor_fabric_probes_total"],
-                                labels=["kind", "outcome"])
-        for kind in KINDS:
-            for outcome in OUTCOMES:
-                c.add_metric([kind, outcome], float(snap["counts"].get((kind, outcome), 0)))
-        yield c
-        g = gauge("gpu_monitor_fabric_probes_in_flight", ("kind",))
-        for kind in KINDS:
-            g.add_metric([kind], float(snap["in_flight"].get(kind, 0)))
-        yield g
-        g = gauge("gpu_monitor_fabric_bisections_in_progress")
-        g.add_metric([], float(snap["bisections"]))
-        yield g
-        yield CounterMetricFamily("gpu_monitor_fabric_reports_total",
-                                  docs["gpu_monitor_fabric_reports_total"],
-                                  value=float(snap["reports"]))
-        g = gauge("gpu_monitor_fabric_idle_nodes")
-        g.add_metric([], float(snap["idle_nodes"]))
-        yield g
-
-
-def serve_metrics(scheduler: FabricScheduler, listen: str) -> Any:
-    """Serve the collector on ``listen`` (``host:port``); returns (server, thread)."""
-    from prometheus_client import CollectorRegistry, start_http_server
-
-    host, _, port = listen.rpartition(":")
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(FabricCollector(scheduler))  # type: ignore[arg-type]
-    return start_http_server(int(port), addr=host or "0.0.0.0", registry=registry)
 
 
 # --- the command ----------------------------------------------------------------------------------------

@@ -47,14 +47,14 @@ def kube(fake_api: FakeApiServer):
 
 @pytest.fixture
 def fabric_api(kube):
-    from gpu_monitor.fabric.scheduler import FabricApi
+    from gpu_monitor.fabric.api import FabricApi
 
     return FabricApi(kube)
 
 
 @pytest.fixture
 def template() -> dict:
-    from gpu_monitor.fabric.scheduler import load_template
+    from gpu_monitor.fabric.plan import load_template
 
     return load_template(str(TEMPLATE))
 

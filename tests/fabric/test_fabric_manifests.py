@@ -11,12 +11,12 @@ import pytest
 import yaml
 
 from gpu_monitor.fabric.idle import PRIORITY_CLASS
+from gpu_monitor.fabric.plan import render_probe_job
 from gpu_monitor.fabric.scheduler import (
     DEFAULT_TEMPLATE,
     RBAC_CLUSTER,
     RBAC_NAMESPACED,
     SchedulerSettings,
-    render_probe_job,
 )
 
 DIR = Path(__file__).resolve().parents[2] / "daemonset" / "fabric"

@@ -8,7 +8,8 @@ import threading
 import time
 
 from gpu_monitor.clock import FakeClock
-from gpu_monitor.fabric.scheduler import FabricScheduler, LeaderElector, SchedulerSettings
+from gpu_monitor.fabric.lease import LeaderElector
+from gpu_monitor.fabric.scheduler import FabricScheduler, SchedulerSettings
 
 
 def lease(fake_api, name="gpu-monitor-fabric-scheduler"):

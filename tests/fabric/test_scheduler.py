@@ -11,11 +11,8 @@ from fake_cluster import FLOOR
 
 from gpu_monitor.clock import FakeClock
 from gpu_monitor.fabric.bisect import probe_bound
-from gpu_monitor.fabric.scheduler import (
-    FabricCollector,
-    FabricScheduler,
-    SchedulerSettings,
-)
+from gpu_monitor.fabric.metrics import FabricCollector
+from gpu_monitor.fabric.scheduler import FabricScheduler, SchedulerSettings
 
 RACK = "topology.kubernetes.io/rack"
 
@@ -276,7 +273,7 @@ def test_a_known_good_node_from_another_rack_partners_the_bisection(fake_api, fa
 
 def test_a_new_leader_adopts_a_probe_the_old_one_left_running(fake_api, fabric_api, template,
                                                                controller):
-    from gpu_monitor.fabric.scheduler import render_probe_job
+    from gpu_monitor.fabric.plan import render_probe_job
 
     for n in ("o0", "o1"):
         fake_api.add_node(n, gpus=8)

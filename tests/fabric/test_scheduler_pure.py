@@ -8,7 +8,8 @@ import pytest
 from fake_cluster import probe_summary
 
 from gpu_monitor.fabric.idle import NodeFacts
-from gpu_monitor.fabric.scheduler import Group, micro_time, plan_groups, probe_state
+from gpu_monitor.fabric.lease import micro_time
+from gpu_monitor.fabric.plan import Group, plan_groups, probe_state
 
 RACK, RAIL = "topology.kubernetes.io/rack", "nvidia.com/rail"
 

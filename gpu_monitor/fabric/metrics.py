@@ -1,0 +1,124 @@
+"""The fabric scheduler's own ``/metrics`` (leader, probes, busbw per group and node pair)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from gpu_monitor.fabric.plan import KINDS, OUTCOMES
+from gpu_monitor.model import parse_iso
+
+if TYPE_CHECKING:
+    from gpu_monitor.fabric.scheduler import FabricScheduler
+
+
+def fabric_metric_docs() -> tuple[Any, ...]:
+    from gpu_monitor.metrics import MetricDoc
+
+    return (
+        MetricDoc("gpu_monitor_fabric_leader", "gauge", (),
+                  "1 when this fabric-scheduler replica holds the lease."),
+        MetricDoc("gpu_monitor_fabric_group_busbw_gb_per_s", "gauge", ("group", "op"),
+                  "Bus bandwidth at the largest size of the last probe of each group."),
+        MetricDoc("gpu_monitor_fabric_group_small_latency_p95_seconds", "gauge",
+                  ("group", "op"), "Worst small-message p95 latency of the last group probe."),
+        MetricDoc("gpu_monitor_fabric_pair_busbw_gb_per_s", "gauge", ("node_a", "node_b", "op"),
+                  "Bus bandwidth at the largest size of the last probe of each node pair."),
+        MetricDoc("gpu_monitor_fabric_pair_small_latency_p95_seconds", "gauge",
+                  ("node_a", "node_b", "op"),
+                  "Worst small-message p95 latency of the last probe of each node pair."),
+        MetricDoc("gpu_monitor_fabric_last_probe_timestamp_seconds", "gauge", ("node",),
+                  "When each node last completed a fabric probe (Unix time)."),
+        MetricDoc("gpu_monitor_fabric_last_active_check_timestamp_seconds", "gauge", ("node",),
+                  "When each node last completed the idle-time active checks (Unix time)."),
+        MetricDoc("gpu_monitor_fabric_probes_total", "counter", ("kind", "outcome"),
+                  "Probes finished, by kind (group, bisect, active-check) and outcome (pass, "
+                  "fail, unknown, abandoned)."),
+        MetricDoc("gpu_monitor_fabric_probes_in_flight", "gauge", ("kind",),
+                  "Probe Jobs running now."),
+        MetricDoc("gpu_monitor_fabric_bisections_in_progress", "gauge", (),
+                  "Failed groups being bisected."),
+        MetricDoc("gpu_monitor_fabric_reports_total", "counter", (),
+                  "GPUHealthReports filed for nodes a bisection named."),
+        MetricDoc("gpu_monitor_fabric_idle_nodes", "gauge", (),
+                  "GPU nodes eligible and idle long enough to be probed now."),
+    )
+
+
+class FabricCollector:
+    """A prometheus_client collector reading the scheduler's snapshot at scrape time."""
+
+    def __init__(self, scheduler: FabricScheduler):
+        self.scheduler = scheduler
+
+    def collect(self) -> Iterable[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        docs = {d.name: d.help for d in fabric_metric_docs()}
+        snap = self.scheduler.snapshot()
+
+        def gauge(name: str, labels: Sequence[str] = ()) -> Any:
+            return GaugeMetricFamily(name, docs[name], labels=list(labels))
+
+        g = gauge("gpu_monitor_fabric_leader")
+        g.add_metric([], 1.0 if snap["leader"] else 0.0)
+        yield g
+        bw = gauge("gpu_monitor_fabric_group_busbw_gb_per_s", ("group", "op"))
+        lat = gauge("gpu_monitor_fabric_group_small_latency_p95_seconds", ("group", "op"))
+        for group, ops in sorted(snap["groups"].items()):
+            for op, v in sorted(ops.items()):
+                if v.get("busbw_gb_per_s") is not None:
+                    bw.add_metric([group, op], float(v["busbw_gb_per_s"]))
+                if v.get("small_p95_s") is not None:
+                    lat.add_metric([group, op], float(v["small_p95_s"]))
+        yield bw
+        yield lat
+        bw = gauge("gpu_monitor_fabric_pair_busbw_gb_per_s", ("node_a", "node_b", "op"))
+        lat = gauge("gpu_monitor_fabric_pair_small_latency_p95_seconds",
+                    ("node_a", "node_b", "op"))
+        for (a, b), ops in sorted(snap["pairs"].items()):
+            for op, v in sorted(ops.items()):
+                if v.get("busbw_gb_per_s") is not None:
+                    bw.add_metric([a, b, op], float(v["busbw_gb_per_s"]))
+                if v.get("small_p95_s") is not None:
+                    lat.add_metric([a, b, op], float(v["small_p95_s"]))
+        yield bw
+        yield lat
+        for name, key in (("gpu_monitor_fabric_last_probe_timestamp_seconds", "last_probe"),
+                          ("gpu_monitor_fabric_last_active_check_timestamp_seconds",
+                           "last_check")):
+            g = gauge(name, ("node",))
+            for node, rec in sorted(snap["records"].items()):
+                if rec.get(key):
+                    g.add_metric([node], parse_iso(rec[key]).timestamp())
+            yield g
+        c = CounterMetricFamily("gpu_monitor_fabric_probes_total",
+                                docs["gpu_monitor_fabric_probes_total"],
+                                labels=["kind", "outcome"])
+        for kind in KINDS:
+            for outcome in OUTCOMES:
+                c.add_metric([kind, outcome], float(snap["counts"].get((kind, outcome), 0)))
+        yield c
+        g = gauge("gpu_monitor_fabric_probes_in_flight", ("kind",))
+        for kind in KINDS:
+            g.add_metric([kind], float(snap["in_flight"].get(kind, 0)))
+        yield g
+        g = gauge("gpu_monitor_fabric_bisections_in_progress")
+        g.add_metric([], float(snap["bisections"]))
+        yield g
+        yield CounterMetricFamily("gpu_monitor_fabric_reports_total",
+                                  docs["gpu_monitor_fabric_reports_total"],
+                                  value=float(snap["reports"]))
+        g = gauge("gpu_monitor_fabric_idle_nodes")
+        g.add_metric([], float(snap["idle_nodes"]))
+        yield g
+
+
+def serve_metrics(scheduler: FabricScheduler, listen: str) -> Any:
+    """Serve the collector on ``listen`` (``host:port``); returns (server, thread)."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    host, _, port = listen.rpartition(":")
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(FabricCollector(scheduler))  # type: ignore[arg-type]
+    return start_http_server(int(port), addr=host or "0.0.0.0", registry=registry)
