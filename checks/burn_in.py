@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from checks._gpus import active_gpus
-from gpu_monitor.check import Check, Context
+from gpu_monitor.check import Check, Context, Finding
+from gpu_monitor.check import worst as worst_of
 from gpu_monitor.hw.nvml import NvmlError
 from gpu_monitor.model import NODE, Action, Kind, Result, Status, gpu_target
 from gpu_monitor.workers.pool import WORKER_REASONS, DeviceRef, Outcome, Task, WorkerPool
@@ -41,7 +42,11 @@ CLOCK_EVENTS = {0x8: "hw_slowdown", 0x40: "hw_thermal_slowdown", 0x80: "hw_power
 _PRIORITY = ("BurnInMismatch", "BurnInReferenceMismatch", "WorkerDeviceMismatch",
              "WorkerCrashed", "WorkerTimeout", "BurnInSlow", "BurnInThrottled", "BurnInHot",
              "BurnInTelemetryError")
-_SEVERITY = {Status.FAILED: 3, Status.UNKNOWN: 2, Status.DEGRADED: 1, Status.OK: 0}
+
+
+def worst(findings: Sequence[Finding]) -> Finding | None:
+    """The finding a device's one result shows (most serious, then burn-in's priority)."""
+    return worst_of(findings, _PRIORITY)
 
 
 # --- the worker (runs in a subprocess; torch only here) ---------------------------------------
@@ -184,14 +189,6 @@ class Telemetry:
 # --- judgement (pure) --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Finding:
-    status: Status
-    reason: str
-    message: str
-    action: Action = Action.NONE
-
-
 def split_by_hash(hashes: Mapping[int, str]) -> tuple[str | None, list[int]]:
     """(the majority hash, devices that differ from it); no strict majority -> (None, all
     devices that are not unanimous)."""
@@ -286,14 +283,6 @@ def judge(measured: Mapping[int, Mapping[str, Any]], telemetry: Mapping[int, Dev
                 Status.UNKNOWN, "BurnInTelemetryError",
                 f"cannot watch clocks and temperature during the burn: {t.error}"))
     return per, node, summary
-
-
-def worst(findings: Sequence[Finding]) -> Finding | None:
-    if not findings:
-        return None
-    return max(findings, key=lambda f: (_SEVERITY[f.status],
-                                        -_PRIORITY.index(f.reason) if f.reason in _PRIORITY
-                                        else -99))
 
 
 # --- the check ---------------------------------------------------------------------------------

@@ -57,12 +57,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from checks._gpus import active_gpus
-from gpu_monitor.check import Check, Context
+from gpu_monitor.check import Check, Context, Finding
 from gpu_monitor.hw.nvml import NvmlError
 from gpu_monitor.model import NODE, Kind, Result, Status, iso
 from gpu_monitor.sdc.probe_judge import (
     PEER_OFFSET,
-    Finding,
     Judgement,
     Row,
     device,

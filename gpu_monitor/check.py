@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpu_monitor.clock import Clock
-from gpu_monitor.model import NODE, Action, Kind, Result, Status
+from gpu_monitor.model import NODE, STATUS_SEVERITY, Action, Kind, Result, Status
 
 if TYPE_CHECKING:  # pragma: no cover
     from gpu_monitor.config import Config
@@ -42,6 +42,27 @@ FRAMEWORK_REASONS = (
 REQUIREMENTS = frozenset(
     {"nvml", "gpu", "torch", "root", "dcgm", "perftest", "infiniband", "kmsg", "idle", "nvswitch"}
 )
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing a check found about a target, before the target's one result is chosen."""
+
+    status: Status
+    reason: str
+    message: str
+    action: Action = Action.NONE
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+
+def worst(findings: Sequence[Finding], priority: Sequence[str] = ()) -> Finding | None:
+    """The finding a target's one result shows: the most serious status, then the reason
+    earliest in ``priority`` (the check's own order of what matters most)."""
+    if not findings:
+        return None
+    rank = {r: i for i, r in enumerate(priority)}
+    return max(findings, key=lambda f: (STATUS_SEVERITY[f.status],
+                                        -rank.get(f.reason, len(priority))))
 
 
 @dataclass

@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_monitor.check import Finding
+from gpu_monitor.check import worst as worst_of
 from gpu_monitor.model import Action, Status, gpu_target
 from gpu_monitor.sdc import localize as loc
 
@@ -25,25 +27,11 @@ Row = tuple[int, ...]
 _PRIORITY = ("SdcDetected", "SdcReferenceMismatch", "WorkerDeviceMismatch", "WorkerCrashed",
              "WorkerTimeout", "SdcUnattributable", "SdcProbeNondeterministic",
              "SdcReferenceUnreadable")
-_SEVERITY = {Status.FAILED: 3, Status.UNKNOWN: 2, Status.DEGRADED: 1, Status.OK: 0}
-
-
-@dataclass(frozen=True)
-class Finding:
-    status: Status
-    reason: str
-    message: str
-    action: Action = Action.NONE
-    evidence: Mapping[str, Any] = field(default_factory=dict)
 
 
 def worst(findings: Sequence[Finding]) -> Finding | None:
-    """The finding a target's one result shows (most serious, then most actionable)."""
-    if not findings:
-        return None
-    return max(findings, key=lambda f: (_SEVERITY[f.status],
-                                        -_PRIORITY.index(f.reason) if f.reason in _PRIORITY
-                                        else -99))
+    """The finding a target's one result shows (most serious, then the probe's priority)."""
+    return worst_of(findings, _PRIORITY)
 
 
 @dataclass

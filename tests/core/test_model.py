@@ -91,3 +91,17 @@ def test_report_json_contract_fields_and_exit_code():
                                      "details", "action", "observed_at"]
     assert r.exit_code == 1
     assert Report.from_dict(d).results == r.results
+
+
+def test_worst_finding_is_the_most_serious_then_the_checks_priority():
+    from gpu_monitor.check import Finding, worst
+
+    prio = ("Mismatch", "Slow", "Hot")
+    hot, slow = Finding(Status.FAILED, "Hot", "h"), Finding(Status.FAILED, "Slow", "s")
+    mismatch, odd = Finding(Status.FAILED, "Mismatch", "m"), Finding(Status.FAILED, "Other", "o")
+    unknown = Finding(Status.UNKNOWN, "Mismatch", "u")
+    assert worst([hot, unknown, mismatch, slow], prio) is mismatch  # failed beats unknown
+    assert worst([hot, slow], prio) is slow
+    assert worst([odd, hot], prio) is hot  # a reason the priority does not name comes last
+    assert worst([unknown, Finding(Status.DEGRADED, "Mismatch", "d")], prio) is unknown
+    assert worst([], prio) is None
