@@ -167,6 +167,7 @@ def _worker(rank: int, world: int, port: int, args, out_path: str) -> None:
                 "weights": t_weights, "loss_audit": t_loss_audit, "det_audit": t_det_audit,
                 "loss_audit_plain": p_loss_audit, "det_audit_plain": p_det_audit,
             }))
+    dist.barrier()  # gloo aborts a process whose peer tears the group down under it
     dist.destroy_process_group()
 
 

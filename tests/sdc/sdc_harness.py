@@ -367,25 +367,30 @@ def worker(rank: int, world: int, port: int, scenarios: list, outdir: str, per_n
         dist.destroy_process_group()
 
 
-def spawn(scenarios: list, outdir: str, world: int = 6, per_node: int = 2) -> dict:
-    """Run ``scenarios`` on ``world`` processes; ``{name: [result of rank 0, 1, ...]}``."""
+def spawn_with_port(fn, world: int, *args) -> None:
+    """``mp.spawn(fn, (world, port, *args))`` on a fresh port, retried when the group could
+    not form (see below)."""
     import torch.multiprocessing as mp
 
     for attempt in range(3):
         try:
-            mp.spawn(worker, args=(world, free_port(), scenarios, outdir, per_node),
-                     nprocs=world, join=True)
-            break
+            mp.spawn(fn, args=(world, free_port(), *args), nprocs=world, join=True)
+            return
         except mp.ProcessRaisedException as e:
             # Another test may take the free port before rank 0 binds it.
             if "address already in use" not in str(e).lower() or attempt == 2:
                 raise
         except mp.ProcessExitedException as e:
             # gloo aborts the process (SIGABRT) when a peer's connection breaks while the
-            # group forms, e.g. after that port race; a scenario that really aborts does so
-            # on every attempt and still fails.
+            # group forms, e.g. after that port race; a run that really aborts does so on
+            # every attempt and still fails.
             if e.signal_name != "SIGABRT" or attempt == 2:
                 raise
+
+
+def spawn(scenarios: list, outdir: str, world: int = 6, per_node: int = 2) -> dict:
+    """Run ``scenarios`` on ``world`` processes; ``{name: [result of rank 0, 1, ...]}``."""
+    spawn_with_port(worker, world, scenarios, outdir, per_node)
     per_rank = []
     for r in range(world):
         with open(os.path.join(outdir, f"rank{r}.pkl"), "rb") as f:

@@ -113,7 +113,8 @@ def _device_worker(rank: int, world: int, port: int, device: str, outdir: str) -
         sched = Schedule(audit_every=3, check_every=4, ckpt_every=0, peer_offset=1)
         alarm = train(checked, stats, opt_c, (batch(s, rank) for s in range(9)), H.compute_loss,
                       batch, None, sched)
-        pairs = list(zip(plain_m.parameters(), checked_m.parameters(), strict=True))
+        pairs = [(a.detach(), b.detach())
+                 for a, b in zip(plain_m.parameters(), checked_m.parameters(), strict=True)]
         result = {"alarm": alarm, "backend": backend, "folded": stats.can_fold,
                   "exact": all(torch.equal(a, b) for a, b in pairs),
                   "max_diff": max(float((a - b).abs().max()) for a, b in pairs)}
@@ -121,15 +122,15 @@ def _device_worker(rank: int, world: int, port: int, device: str, outdir: str) -
         result = {"error": traceback.format_exc()}
     with open(os.path.join(outdir, f"rank{rank}.pkl"), "wb") as f:
         pickle.dump(result, f)
+    # gloo aborts a process whose peer tears the group down under it: leave together.
+    dist.barrier()
     dist.destroy_process_group()
 
 
 def _run_on(device: str, tmp_path) -> list[dict]:
     import pickle
 
-    import torch.multiprocessing as mp
-
-    mp.spawn(_device_worker, args=(2, H.free_port(), device, str(tmp_path)), nprocs=2)
+    H.spawn_with_port(_device_worker, 2, device, str(tmp_path))
     out = []
     for r in range(2):
         with open(tmp_path / f"rank{r}.pkl", "rb") as f:
