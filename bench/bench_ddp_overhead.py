@@ -25,19 +25,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import sys
 import time
 from datetime import timedelta
 
+sys.path.insert(0, os.path.dirname(__file__))
+from _util import free_port  # noqa: E402
+
 WIDTHS = [1024, 2048, 2048, 2048, 2048, 2048, 1024]  # ~21 M parameters
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _model():
@@ -186,7 +183,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "result")
         t0 = time.perf_counter()
-        mp.spawn(_worker, args=(args.procs, _free_port(), args, out), nprocs=args.procs)
+        mp.spawn(_worker, args=(args.procs, free_port(), args, out), nprocs=args.procs)
         with open(out) as f:
             r = eval(f.read())  # noqa: S307 - our own repr of floats and ints
     med_p, med_c = statistics.median(r["plain"]), statistics.median(r["checked"])

@@ -16,22 +16,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
 from datetime import timedelta
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]  # _util; the repo (run from a checkout)
+from _util import free_port  # noqa: E402
 
 from gpu_monitor.fabric.probe import CPU_MAX_BYTES, ProbeRank, bus_factor  # noqa: E402
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rank_main(a: argparse.Namespace) -> int:
@@ -113,7 +108,7 @@ def rank_main(a: argparse.Namespace) -> int:
 
 
 def launch(a: argparse.Namespace, argv: list[str]) -> int:
-    port = _free_port()
+    port = free_port()
     procs = []
     for r in range(a.world):
         env = {**os.environ, "RANK": str(r), "WORLD_SIZE": str(a.world),

@@ -39,14 +39,15 @@ def torch_loaded(pid: int) -> bool:
         return any("torch" in line for line in fh)
 
 
-def kube_loaded(pid: int) -> bool:
-    """The kubernetes client pulls in urllib3/yaml C parts; its own package is pure Python, so
-    look for its files among the open/mapped ones via the import-time cache instead."""
+def kube_loaded(pid: int) -> bool | str:
+    """Whether the kubernetes client is loaded, from the process's mapped files: the client is
+    pure Python, but it pulls in PyYAML's C extension (``_yaml``). "unknown" when the map
+    cannot be read."""
     try:
         with open(f"/proc/{pid}/maps") as fh:
             maps = fh.read()
     except OSError:
-        return False
+        return "unknown"
     return "_yaml" in maps or "kubernetes" in maps
 
 

@@ -29,40 +29,15 @@ class FabricApi:
         self.batch = client.BatchV1Api(kube.api_client)
         self.coord = client.CoordinationV1Api(kube.api_client)
 
-    def _missing_ok(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
-        from gpu_monitor.remediate.kube import KubeError
-
-        try:
-            return self.kube.call(fn, *args, **kw)
-        except KubeError as err:
-            if err.status == 404:
-                return None
-            raise
-
-    def _pages_rv(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> tuple[list[dict], str]:
-        """Every page of a list, and the resourceVersion of the snapshot they come from."""
-        items: list[dict] = []
-        cont = None
-        rv = ""
-        while True:
-            page = self.kube.call(fn, *args, limit=500, **({"_continue": cont} if cont else {}),
-                                  **kw) or {}
-            items += page.get("items") or []
-            meta = page.get("metadata") or {}
-            rv = rv or str(meta.get("resourceVersion") or "")
-            cont = meta.get("continue")
-            if not cont:
-                return items, rv
-
-    def _pages(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> list[dict]:
-        return self._pages_rv(fn, *args, **kw)[0]
+    def _items(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> list[dict]:
+        return self.kube.list_pages(fn, *args, **kw)[0]
 
     def list_nodes(self, selector: str | None) -> list[dict]:
         return self.list_nodes_rv(selector)[0]
 
     def list_nodes_rv(self, selector: str | None) -> tuple[list[dict], str]:
         kw = {"label_selector": selector} if selector else {}
-        return self._pages_rv(self.core.list_node, **kw)
+        return self.kube.list_pages(self.core.list_node, **kw)
 
     def watch_nodes(self, selector: str | None, **kw: Any) -> Iterator[tuple[str, dict]]:
         return self.kube.watch(self.core.list_node, label_selector=selector, bookmarks=True,
@@ -72,7 +47,7 @@ class FabricApi:
         return self.list_active_pods_rv()[0]
 
     def list_active_pods_rv(self) -> tuple[list[dict], str]:
-        return self._pages_rv(self.core.list_pod_for_all_namespaces,
+        return self.kube.list_pages(self.core.list_pod_for_all_namespaces,
                               field_selector=ACTIVE_PODS)
 
     def watch_active_pods(self, **kw: Any) -> Iterator[tuple[str, dict]]:
@@ -81,21 +56,21 @@ class FabricApi:
                                bookmarks=True, **kw)
 
     def list_pods(self, namespace: str, selector: str) -> list[dict]:
-        return self._pages(self.core.list_namespaced_pod, namespace, label_selector=selector)
+        return self._items(self.core.list_namespaced_pod, namespace, label_selector=selector)
 
     def list_jobs(self, namespace: str, selector: str) -> list[dict]:
-        return self._pages(self.batch.list_namespaced_job, namespace, label_selector=selector)
+        return self._items(self.batch.list_namespaced_job, namespace, label_selector=selector)
 
     def create_job(self, namespace: str, body: dict) -> dict:
         return self.kube.call(self.batch.create_namespaced_job, namespace, body, write=True,
                               retry_statuses=frozenset({429, 503}))
 
     def delete_job(self, namespace: str, name: str) -> None:
-        self._missing_ok(self.batch.delete_namespaced_job, name, namespace,
+        self.kube.call_or_none(self.batch.delete_namespaced_job, name, namespace,
                          propagation_policy="Background", write=True)
 
     def get_lease(self, namespace: str, name: str) -> dict | None:
-        return self._missing_ok(self.coord.read_namespaced_lease, name, namespace,
+        return self.kube.call_or_none(self.coord.read_namespaced_lease, name, namespace,
                                 deadline_s=2.0)
 
     def create_lease(self, namespace: str, body: dict) -> dict:
@@ -107,7 +82,7 @@ class FabricApi:
                               write=True, retry_statuses=frozenset(), deadline_s=2.0)
 
     def get_configmap(self, namespace: str, name: str) -> dict | None:
-        return self._missing_ok(self.core.read_namespaced_config_map, name, namespace)
+        return self.kube.get_configmap(namespace, name)
 
     def create_configmap(self, namespace: str, body: dict) -> dict:
         return self.kube.call(self.core.create_namespaced_config_map, namespace, body,

@@ -852,7 +852,7 @@ def own_image(api: FabricApi, environ: Mapping[str, str] | None = None) -> str |
     name, ns = env.get("POD_NAME"), env.get("POD_NAMESPACE")
     if not name or not ns:
         return None
-    pod = api._missing_ok(api.core.read_namespaced_pod, name, ns)
+    pod = api.kube.get_pod(ns, name)
     containers = ((pod or {}).get("spec") or {}).get("containers") or []
     return containers[0].get("image") if containers else None
 

@@ -292,6 +292,32 @@ class Kube:
 
     # --- nodes ---------------------------------------------------------------------------------
 
+    def call_or_none(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``call``, with 404 Not Found as None (a read or delete of something that may be gone)."""
+        try:
+            return self.call(fn, *args, **kwargs)
+        except KubeError as err:
+            if err.status == 404:
+                return None
+            raise
+
+    def list_pages(self, fn: Callable[..., Any], *args: Any,
+                   **kwargs: Any) -> tuple[list[dict], str]:
+        """Every item of a list call, paged as kubectl pages (limit 500, continue), and the
+        resourceVersion of the snapshot the pages come from."""
+        items: list[dict] = []
+        cont = None
+        rv = ""
+        while True:
+            page = self.call(fn, *args, limit=500, **({"_continue": cont} if cont else {}),
+                             **kwargs) or {}
+            items += page.get("items") or []
+            meta = page.get("metadata") or {}
+            rv = rv or str(meta.get("resourceVersion") or "")
+            cont = meta.get("continue")
+            if not cont:
+                return items, rv
+
     def get_node(self, name: str) -> dict:
         return self.call(self.core.read_node, name)
 
@@ -303,42 +329,19 @@ class Kube:
 
     def count_gpu_nodes(self, selector: str = GPU_NODE_SELECTOR) -> int:
         """GPU nodes in the cluster, from a metadata-only list (PartialObjectMetadataList)."""
-        total = 0
-        cont = None
-        while True:
-            kw: dict[str, Any] = {"label_selector": selector, "limit": 500,
-                                  "_headers": {"Accept": METADATA_LIST_ACCEPT}}
-            if cont:
-                kw["_continue"] = cont
-            page = self.call(self.core.list_node, **kw) or {}
-            total += len(page.get("items") or [])
-            cont = (page.get("metadata") or {}).get("continue")
-            if not cont:
-                return total
+        items, _ = self.list_pages(self.core.list_node, label_selector=selector,
+                                   _headers={"Accept": METADATA_LIST_ACCEPT})
+        return len(items)
 
     # --- pods ----------------------------------------------------------------------------------
 
     def list_pods_on_node(self, node: str) -> list[dict]:
         """All pods bound to ``node`` (kubectl's list: fieldSelector, limit 500, continue)."""
-        items: list[dict] = []
-        cont = None
-        while True:
-            kw: dict[str, Any] = {"field_selector": f"spec.nodeName={node}", "limit": 500}
-            if cont:
-                kw["_continue"] = cont
-            page = self.call(self.core.list_pod_for_all_namespaces, **kw) or {}
-            items += page.get("items") or []
-            cont = (page.get("metadata") or {}).get("continue")
-            if not cont:
-                return items
+        return self.list_pages(self.core.list_pod_for_all_namespaces,
+                               field_selector=f"spec.nodeName={node}")[0]
 
     def get_pod(self, namespace: str, name: str) -> dict | None:
-        try:
-            return self.call(self.core.read_namespaced_pod, name, namespace)
-        except KubeError as err:
-            if err.status == 404:
-                return None
-            raise
+        return self.call_or_none(self.core.read_namespaced_pod, name, namespace)
 
     def evict(self, namespace: str, name: str, grace_period_s: int | None = None) -> None:
         """POST a policy/v1 Eviction (as kubectl: Content-Type application/json, empty
@@ -367,12 +370,7 @@ class Kube:
         return self.call(self.core.create_namespaced_event, namespace, body, write=True)
 
     def get_configmap(self, namespace: str, name: str) -> dict | None:
-        try:
-            return self.call(self.core.read_namespaced_config_map, name, namespace)
-        except KubeError as err:
-            if err.status == 404:
-                return None
-            raise
+        return self.call_or_none(self.core.read_namespaced_config_map, name, namespace)
 
     def replace_configmap(self, namespace: str, name: str, body: dict) -> dict:
         """PUT with ``metadata.resourceVersion``: a 409 Conflict (raised, not retried) means

@@ -64,7 +64,6 @@ class GradStats:
         self.can_fold = all(p.dtype in (torch.float32, torch.float64) for p in self.params)
         self.record_fingerprints = False
         self.in_train = False
-        self.summed = False
         self._sq: list[Any] = []
         self._norms: Any = None  # (work, [tensor per rank]) of the in-flight norm all-gather
         self.grad_fps: Any = None
@@ -74,7 +73,6 @@ class GradStats:
     def begin_step(self, record_fingerprints: bool, in_train: bool = False) -> None:
         self.record_fingerprints = record_fingerprints
         self.in_train = in_train
-        self.summed = False
         self._sq = []
         self._norms = None
         self.buckets = 0
@@ -83,8 +81,12 @@ class GradStats:
     def end_step(self) -> None:
         """Back to the stock behaviour (the caller's own loop gets averaged gradients)."""
         self.in_train = False
-        self.summed = False
         self._norms = None
+
+    @property
+    def summed(self) -> bool:
+        """Whether this step's buckets are all-reduced as sums (``train`` divides them)."""
+        return self.in_train and self.can_fold
 
     def local_sq_norm(self):
         """This rank's local (pre-all-reduce) squared gradient norm, as a float64 0-d tensor."""
@@ -156,9 +158,7 @@ def _hook(stats, bucket):  # no annotations: DDP rejects any but the real GradBu
 
     stats._record(bucket)
     buf = bucket.buffer()
-    if stats.in_train and stats.can_fold:
-        stats.summed = True
-    else:
+    if not stats.summed:
         buf.div_(stats.divisor)
     # Looked up at call time (not bound at import), like the stock hook's own all-reduce.
     fut = dist.all_reduce(buf, group=stats.ddp_model.process_group, async_op=True).get_future()

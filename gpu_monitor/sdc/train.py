@@ -372,8 +372,7 @@ def clip_averaged(stats: GradStats, max_norm: float | None):
     norms = [n.to(first) for gs in groups.values() for n in torch._foreach_norm(gs)]
     total = torch.linalg.vector_norm(torch.stack(norms))
     scale = 1.0 / stats.divisor if stats.summed else 1.0
-    if stats.summed:
-        total = total * scale
+    total = total * scale
     if max_norm is None:
         if scale != 1.0:
             for gs in groups.values():

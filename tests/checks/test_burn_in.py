@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
+from cuda_helpers import cuda_count
 
 from checks.burn_in import (
     BurnIn,
@@ -234,16 +233,9 @@ def test_the_issue_examples_on_the_full_simulated_h100_node():
 # --- CUDA ---------------------------------------------------------------------------------------
 
 
-def _cuda_count() -> int:
-    if shutil.which("nvidia-smi") is None:
-        return 0
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
 
 @pytest.mark.gpu
-@pytest.mark.skipif(_cuda_count() == 0, reason="needs CUDA")
+@pytest.mark.skipif(cuda_count() == 0, reason="needs CUDA")
 def test_burn_in_on_real_gpus_runs_bf16_and_tf32_and_agrees_across_them():
     from gpu_monitor.host import Host
     from gpu_monitor.hw.paths import HostPaths

@@ -4,9 +4,9 @@ simulated node (wrong data named, hangs and crashes named, one device skipped)."
 from __future__ import annotations
 
 import re
-import shutil
 
 import pytest
+from cuda_helpers import cuda_count
 
 from checks.nccl_allreduce import (
     Limits,
@@ -203,16 +203,9 @@ def test_the_simulated_h100_node_sweeps_to_16_mib_and_fails_a_wrong_device():
 # --- CUDA ---------------------------------------------------------------------------------------
 
 
-def _cuda_count() -> int:
-    if shutil.which("nvidia-smi") is None:
-        return 0
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
 
 @pytest.mark.gpu
-@pytest.mark.skipif(_cuda_count() < 2, reason="needs two CUDA devices")
+@pytest.mark.skipif(cuda_count() < 2, reason="needs two CUDA devices")
 def test_nccl_allreduce_on_real_gpus_uses_nccl_and_is_exact():
     from gpu_monitor.host import Host
     from gpu_monitor.hw.paths import HostPaths

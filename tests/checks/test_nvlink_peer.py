@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
+from cuda_helpers import cuda_count
 
 from checks.nvlink_peer import NvlinkPeer, pattern_key
 from gpu_monitor.check import Context
@@ -136,16 +135,9 @@ def test_pattern_keys_differ_for_every_ordered_pair():
     assert len(keys) == 56
 
 
-def _cuda_count() -> int:
-    if shutil.which("nvidia-smi") is None:
-        return 0
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
 
 @pytest.mark.gpu
-@pytest.mark.skipif(_cuda_count() < 2, reason="needs two CUDA devices")
+@pytest.mark.skipif(cuda_count() < 2, reason="needs two CUDA devices")
 def test_peer_copies_on_real_gpus_are_verified():
     from gpu_monitor.host import Host
     from gpu_monitor.hw.paths import HostPaths

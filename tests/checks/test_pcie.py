@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
+from cuda_helpers import cuda_count
 
 import checks.pcie as pcie_check
 from checks.pcie import Pcie
@@ -18,15 +17,6 @@ from gpu_monitor.sim.inject import parse
 from gpu_monitor.sim.node import SimulatedNode
 from gpu_monitor.state import Store
 from gpu_monitor.workers.pool import DeviceRef, Outcome, Task, WorkerPool
-
-
-def cuda_count() -> int:
-    if shutil.which("nvidia-smi") is None:
-        return 0
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
 
 NICS = [f"pcie:0000:{b:02x}:00.0" for b in (0x4F, 0x60, 0x71, 0x82, 0x93, 0xA4, 0xB5, 0xC6)]
 

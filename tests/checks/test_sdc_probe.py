@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 
 import pytest
+from cuda_helpers import cuda_count
 
 from checks.sdc_probe import SdcProbe
 from gpu_monitor.check import Context
@@ -459,16 +459,9 @@ def test_the_full_simulated_bootstrap_fails_naming_gpu3_and_nothing_else(monkeyp
 # --- CUDA ---------------------------------------------------------------------------------------
 
 
-def _cuda_count() -> int:
-    if shutil.which("nvidia-smi") is None:
-        return 0
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
 
 @pytest.mark.gpu
-@pytest.mark.skipif(_cuda_count() == 0, reason="needs CUDA")
+@pytest.mark.skipif(cuda_count() == 0, reason="needs CUDA")
 def test_the_probe_on_a_real_gpu_is_bit_reproducible_in_bf16(monkeypatch):
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # as the worker pool sets it
     import torch
@@ -486,7 +479,7 @@ def test_the_probe_on_a_real_gpu_is_bit_reproducible_in_bf16(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(_cuda_count() == 0, reason="needs CUDA")
+@pytest.mark.skipif(cuda_count() == 0, reason="needs CUDA")
 def test_the_sdc_probe_on_real_gpus_passes(tmp_path):
     from gpu_monitor.host import Host
     from gpu_monitor.hw.paths import HostPaths
