@@ -10,24 +10,14 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _find_shared() -> Path:
-    env = os.environ.get("GPU_MONITOR_SHARED")
-    candidates = [Path(env)] if env else []
-    candidates += [REPO.parent / "shared", REPO / "shared"]
-    for c in candidates:
-        if (c / "fixtures").is_dir():
-            return c
-    raise RuntimeError(
-        "cannot find the shared fixtures: set GPU_MONITOR_SHARED or put shared/ beside the repo"
-    )
-
-
-SHARED = _find_shared()
-FIXTURES = SHARED / "fixtures"
+# The recorded real outputs the tests read: copied into the repository (with their provenance,
+# tests/fixtures/PROVENANCE.md) so that the test command passes in a fresh clone with nothing
+# beside it.
+FIXTURES = REPO / "tests" / "fixtures"
 
 
 @pytest.fixture(scope="session")
-def shared_fixtures() -> Path:
+def fixtures_dir() -> Path:
     return FIXTURES
 
 

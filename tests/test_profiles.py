@@ -162,10 +162,10 @@ def test_auto_match_by_nvml_product_name(names, want):
     assert (found.name if found else None) == want
 
 
-def _fixture_names(shared_fixtures: Path) -> list[tuple[str, str]]:
+def _fixture_names(fixtures_dir: Path) -> list[tuple[str, str]]:
     """(file, product name) pairs from real nvidia-smi captures."""
     out = []
-    smi = shared_fixtures / "nvidia_smi"
+    smi = fixtures_dir / "nvidia_smi"
     for path in sorted(smi.glob("*nvidia-smi-q_*H100*")):
         for m in re.finditer(r"Product Name\s*:\s*(.+)", path.read_text(errors="replace")):
             out.append((path.name, m.group(1).strip()))
@@ -175,8 +175,8 @@ def _fixture_names(shared_fixtures: Path) -> list[tuple[str, str]]:
     return out
 
 
-def test_auto_match_on_product_names_from_real_nvidia_smi_output(shared_fixtures):
-    pairs = _fixture_names(shared_fixtures)
+def test_auto_match_on_product_names_from_real_nvidia_smi_output(fixtures_dir):
+    pairs = _fixture_names(fixtures_dir)
     names = {n for _, n in pairs}
     assert {"NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"} <= names
     expected = {"NVIDIA H100 80GB HBM3": "h100-sxm-8", "NVIDIA A100-SXM4-80GB": "a100-sxm-8"}

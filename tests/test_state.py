@@ -273,9 +273,9 @@ _SXID_RE = re.compile(r"SXid \((PCI:[0-9a-fA-F:.]+)\): (\d+), (Fatal|Non-fatal)"
 UUID_91 = "GPU-b6c3b2be-c55b-d076-fa0e-d464e4c7e08b"  # the GPU at 0000:91:00 in the same log
 
 
-def _events_from_fixture(shared_fixtures, clock) -> list[XidEvent]:
+def _events_from_fixture(fixtures_dir, clock) -> list[XidEvent]:
     """Events from a real dmesg capture (XID 79 then an NVSwitch SXid 20034 storm)."""
-    lines = (shared_fixtures / "xid_kmsg" / "gpud_sxid-readme_dmesg_xid79_sxid20034.log"
+    lines = (fixtures_dir / "xid_kmsg" / "gpud_sxid-readme_dmesg_xid79_sxid20034.log"
              ).read_text().splitlines()
     events = []
     for seq, line in enumerate(lines, start=5000):
@@ -289,8 +289,8 @@ def _events_from_fixture(shared_fixtures, clock) -> list[XidEvent]:
     return events
 
 
-def test_xid_events_are_idempotent_and_counted_once(store, clock, shared_fixtures):
-    events = _events_from_fixture(shared_fixtures, clock)
+def test_xid_events_are_idempotent_and_counted_once(store, clock, fixtures_dir):
+    events = _events_from_fixture(fixtures_dir, clock)
     assert [e.code for e in events][:2] == [79, 20034]
     assert all(store.add_xid_event(e) for e in events)
     assert not any(store.add_xid_event(e) for e in events)  # a replay after restart

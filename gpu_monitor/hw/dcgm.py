@@ -5,7 +5,7 @@ Why a parser of its own: the dcgm_diag check must judge *every* result of *every
 changed between DCGM releases. Everything here is a pure function over text; running ``dcgmi``
 is the check's business (through ``CommandRunner``).
 
-Shapes understood (real samples in ../shared/fixtures/dcgm_diag/):
+Shapes understood (real samples in tests/fixtures/dcgm_diag/):
 
 - DCGM 3.x: top key ``"DCGM GPU Diagnostic"`` > ``test_categories[]`` > ``tests[]`` >
   ``results[]`` with ``gpu_ids`` ("0,1,2" string, "3" string or a bare int), ``status``

@@ -1,7 +1,7 @@
 """Vendor rule tables as data: the XID and SXid catalogs and the NVLink5 (Xid 144-150) decode.
 
 The catalogs are JSON files next to this module, generated from the shared fixtures by
-``python -m gpu_monitor.rules.generate_catalog --shared ../shared`` (see that module for the
+``python -m gpu_monitor.rules.generate_catalog --shared tests`` (see that module for the
 derivation rules and docs/xid.md for what they mean). This module only loads and looks up; it
 never decides a status. Loading is lazy and cached; a damaged catalog file raises
 ``CatalogError`` naming the file (a packaging bug, not a host condition).

@@ -6,9 +6,10 @@ guide. We ship those facts as data (``xid_catalog.json``, ``sxid_catalog.json``)
 *our* action and category for each code, derived by the documented rules below, so that a new
 vendor table is a regeneration plus a review of the diff, never a code change.
 
-Regenerate (from the repository root, with the shared tree beside it)::
+Regenerate (from the repository root; ``--shared`` names the folder holding ``fixtures/``, here
+the repository's own copy of the vendor tables under ``tests/fixtures/xid_catalog``)::
 
-    python -m gpu_monitor.rules.generate_catalog --shared ../shared
+    python -m gpu_monitor.rules.generate_catalog --shared tests
 
 The output is deterministic (no timestamps, stable key order): ``tests/rules/test_catalog.py``
 regenerates into a temporary directory and compares byte for byte. Bump ``RULES_VERSION`` when
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 RULES_VERSION = 1
-REGENERATE = "python -m gpu_monitor.rules.generate_catalog --shared ../shared"
+REGENERATE = "python -m gpu_monitor.rules.generate_catalog --shared tests"
 
 XID_SOURCES = (
     "fixtures/xid_catalog/nvidia_xid_catalog_xlsx__Xids.tsv",
@@ -340,8 +341,8 @@ def write_catalogs(shared: Path, out_dir: Path) -> list[Path]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shared", default="../shared",
-                        help="the shared reference tree (holds fixtures/xid_catalog/)")
+    parser.add_argument("--shared", default="tests",
+                        help="the folder holding fixtures/xid_catalog/ (default: the repository's tests/)")
     parser.add_argument("--out", default=str(OUT_DIR), help="where to write the catalogs")
     args = parser.parse_args(argv)
     try:

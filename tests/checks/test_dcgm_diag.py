@@ -154,8 +154,8 @@ def bad(node, tmp_path):
     return build
 
 
-def fixture_text(shared_fixtures, name):
-    return (shared_fixtures / "dcgm_diag" / name).read_text()
+def fixture_text(fixtures_dir, name):
+    return (fixtures_dir / "dcgm_diag" / name).read_text()
 
 
 @pytest.mark.parametrize("stdout, code, reason", [
@@ -171,8 +171,8 @@ def test_garbage_and_errors_are_unknown(bad, stdout, code, reason):
     assert r.target == "node"
 
 
-def test_truncated_json_is_unknown_and_says_truncated(bad, shared_fixtures):
-    text = fixture_text(shared_fixtures, "dcgm_3x_diag_json_4gpu_testfixture_warnings_fail.json")
+def test_truncated_json_is_unknown_and_says_truncated(bad, fixtures_dir):
+    text = fixture_text(fixtures_dir, "dcgm_3x_diag_json_4gpu_testfixture_warnings_fail.json")
     (r,) = bad(stdout=text[: len(text) // 2]).values()
     assert (r.status, r.reason) == (Status.UNKNOWN, "DcgmBadOutput")
     assert "truncated" in r.message
@@ -192,8 +192,8 @@ def test_runtime_error_is_unknown(bad):
     assert "Couldn't create the test plan" in r.message
 
 
-def test_real_4x_failure_with_garbage_preamble_and_nonzero_exit(bad, shared_fixtures):
-    text = fixture_text(shared_fixtures,
+def test_real_4x_failure_with_garbage_preamble_and_nonzero_exit(bad, fixtures_dir):
+    text = fixture_text(fixtures_dir,
                         "dcgm_4.2.3_diag_r1_json_GB10_software_fail_UNVERIFIED_REPO.json")
     res = bad(stdout="WARNING: something odd\n" + text, code=226)
     assert not_ok(res) == {"gpu:0": (Status.FAILED, "DcgmDiagFail")}
@@ -202,8 +202,8 @@ def test_real_4x_failure_with_garbage_preamble_and_nonzero_exit(bad, shared_fixt
     assert res["gpu:0"].details["dcgm_version"] == "4.2.3"
 
 
-def test_every_failing_result_not_just_the_first(bad, shared_fixtures):
-    res = bad(stdout=fixture_text(shared_fixtures,
+def test_every_failing_result_not_just_the_first(bad, fixtures_dir):
+    res = bad(stdout=fixture_text(fixtures_dir,
                                   "dcgm_3x_diag_json_4gpu_testfixture_warnings_fail.json"),
               code=226)
     assert not_ok(res) == {f"gpu:{i}": (Status.FAILED, "DcgmDiagFail") for i in (0, 2, 3)}
@@ -211,11 +211,11 @@ def test_every_failing_result_not_just_the_first(bad, shared_fixtures):
     assert "memory" in res["gpu:0"].details["skipped_tests"]
 
 
-def test_warn_degrades_and_node_wide_results_go_to_node(bad, shared_fixtures):
-    res = bad(stdout=fixture_text(shared_fixtures, "gcm_testfixture_diag_warn_dcgm2x_compact.json"))
+def test_warn_degrades_and_node_wide_results_go_to_node(bad, fixtures_dir):
+    res = bad(stdout=fixture_text(fixtures_dir, "gcm_testfixture_diag_warn_dcgm2x_compact.json"))
     assert not_ok(res) == {"node": (Status.DEGRADED, "DcgmDiagWarn")}
     assert res["node"].action is Action.WATCH
-    res = bad(stdout=fixture_text(shared_fixtures, "gcm_testfixture_diag_fail_dcgm2x_compact.json"),
+    res = bad(stdout=fixture_text(fixtures_dir, "gcm_testfixture_diag_fail_dcgm2x_compact.json"),
               code=226)
     assert not_ok(res) == {"node": (Status.FAILED, "DcgmDiagFail")}
 
@@ -231,16 +231,16 @@ def test_gpu_with_only_skipped_tests_is_skipped(bad):
     assert res["gpu:1"].status is Status.OK
 
 
-def test_nonzero_exit_without_any_failure_is_not_ok(bad, shared_fixtures):
-    res = bad(stdout=fixture_text(shared_fixtures,
+def test_nonzero_exit_without_any_failure_is_not_ok(bad, fixtures_dir):
+    res = bad(stdout=fixture_text(fixtures_dir,
                                   "dcgm_3.1.0_diag_json_8gpu_pass_realoutput_with_preamble.txt"),
               code=3)
     assert not_ok(res) == {"node": (Status.UNKNOWN, "DcgmError")}
     assert res["gpu:7"].status is Status.OK
 
 
-def test_text_output_that_is_cut_short_is_unknown(bad, shared_fixtures):
-    res = bad(stdout=fixture_text(shared_fixtures,
+def test_text_output_that_is_cut_short_is_unknown(bad, fixtures_dir):
+    res = bad(stdout=fixture_text(fixtures_dir,
                                   "issue_DCGM253_dcgmi_diag_text_4.2.3_4xL40S_26b9_TRUNCATED.txt"))
     assert not_ok(res) == {"node": (Status.UNKNOWN, "DcgmIncomplete")}
     assert res["gpu:3"].status is Status.OK

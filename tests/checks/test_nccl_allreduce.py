@@ -62,8 +62,8 @@ def _fixture_rows(path):
     "superbench_all_reduce_perf_8xA100-SXM4-40GB.log",
     "gcp-a3mega_all_reduce_perf_2node_16xH100_mpirun.txt",
 ])
-def test_algbw_and_busbw_match_nccl_tests_on_recorded_runs(shared_fixtures, name):
-    ranks, rows = _fixture_rows(shared_fixtures / "nccl_tests" / name)
+def test_algbw_and_busbw_match_nccl_tests_on_recorded_runs(fixtures_dir, name):
+    ranks, rows = _fixture_rows(fixtures_dir / "nccl_tests" / name)
     assert ranks in (8, 16) and len(rows) > 5
     for size, _count, time_us, algbw, busbw in rows:
         per_rank = [{"rows": [{"bytes": int(size), "times_s": [time_us * 1e-6] * 3,

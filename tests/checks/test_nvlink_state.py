@@ -140,8 +140,8 @@ def _dcgmi_link_states(text: str) -> dict[int, list[str]]:
     return out
 
 
-def test_real_dcgmi_link_states_on_a100(rig, shared_fixtures):
-    text = (shared_fixtures / "dcgm_diag"
+def test_real_dcgmi_link_states_on_a100(rig, fixtures_dir):
+    text = (fixtures_dir / "dcgm_diag"
             / "gcm_testfixture_nvlink_status_fail_dcgmi_nvlink_-s_excerpt.txt").read_text()
     states = _dcgmi_link_states(text)
     assert states[1] == ["U", "U", "U", "U", "U", "U", "D", "U", "U", "U", "X", "X"]
@@ -179,19 +179,19 @@ def test_profile_without_nvlink_is_skipped(rig):
 
 # --- error-counter rates ------------------------------------------------------------------------
 
-def _gcm_crc_errors(shared_fixtures) -> dict[int, dict[str, int]]:
+def _gcm_crc_errors(fixtures_dir) -> dict[int, dict[str, int]]:
     """``dcgmi nvlink -e -j`` (Meta GCM's failing sample): counters per link."""
     names = {"CRC Data Error": "crc_data", "CRC FLIT Error": "crc_flit",
              "Recovery Error": "recovery", "Replay Error": "replay"}
-    doc = json.loads((shared_fixtures / "dcgm_diag"
+    doc = json.loads((fixtures_dir / "dcgm_diag"
                       / "gcm_testfixture_nvlink_error_fail_dcgmi_nvlink_-e_-j.json").read_text())
     return {int(link.split()[1]): {names[k]: int(v["value"]) for k, v in c["children"].items()}
             for link, c in doc["body"].items()}
 
 
 @pytest.mark.parametrize("scale, degraded", [(10, True), (9, False)])
-def test_error_rate_threshold_both_sides(rig, shared_fixtures, scale, degraded):
-    counts = _gcm_crc_errors(shared_fixtures)
+def test_error_rate_threshold_both_sides(rig, fixtures_dir, scale, degraded):
+    counts = _gcm_crc_errors(fixtures_dir)
     assert counts[0]["crc_data"] == 12
     r = rig()
     r.poll()  # the baseline

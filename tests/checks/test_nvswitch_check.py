@@ -107,8 +107,8 @@ def test_without_a_prefix_the_pci_address_is_mapped_through_sysfs_order(sim):
     assert r.target == "pcie:0000:e1:00.0"
 
 
-def test_the_lines_of_one_error_give_one_result(sim, shared_fixtures):
-    path = shared_fixtures / "xid_kmsg" / "gpud_history_testliterals_xid94_95_119_sxid_mlx5.txt"
+def test_the_lines_of_one_error_give_one_result(sim, fixtures_dir):
+    path = fixtures_dir / "xid_kmsg" / "gpud_history_testliterals_xid94_95_119_sxid_mlx5.txt"
     check = NvSwitch()
     ctx = sim.ctx()
     out = [r for item in list(iter_file(path))[9:12] for r in check.on_kmsg(item, ctx)]
@@ -116,12 +116,12 @@ def test_the_lines_of_one_error_give_one_result(sim, shared_fixtures):
     assert len(sim.store.xid_events(kind="sxid")) == 1
 
 
-def test_run_groups_each_errors_lines(sim, shared_fixtures, tmp_path):
+def test_run_groups_each_errors_lines(sim, fixtures_dir, tmp_path):
     from gpu_monitor.hw.paths import HostPaths
 
     sim.host.paths = HostPaths(sysfs=sim.node.paths.sysfs, procfs=sim.node.paths.procfs,
                                dev=sim.node.paths.dev, kmsg=str(
-                                   shared_fixtures / "xid_kmsg" /
+                                   fixtures_dir / "xid_kmsg" /
                                    "gpud_sxid-readme_dmesg_xid79_sxid20034.log"))
     results = NvSwitch().run(sim.ctx())
     sx = [r for r in results if r.reason == "SXid20034"]

@@ -255,9 +255,9 @@ def test_errors_during_boot_grace_are_unknown(rig):
     assert r.run_to(30)[GPU0].reason == "AerFatal"
 
 
-def test_real_kernel_aer_files_parse_as_clean(rig, shared_fixtures):
+def test_real_kernel_aer_files_parse_as_clean(rig, fixtures_dir):
     r = rig()
-    src = (shared_fixtures / "sysfs" / "node_exporter" / "sys" / "devices" / "pci0000:00"
+    src = (fixtures_dir / "sysfs" / "node_exporter" / "sys" / "devices" / "pci0000:00"
            / "0000:00:02.1" / "0000:01:00.0")
     for kind in ("correctable", "nonfatal", "fatal"):
         shutil.copyfile(src / f"aer_dev_{kind}", aer_file(r, "0000:53:00.0", kind))

@@ -459,8 +459,8 @@ def tree_host(root: Path) -> Host:
                 runner=CommandRunner())
 
 
-def test_gpud_h100_sysfs_tree_every_400g_port_ok(shared_fixtures, tmp_path):
-    src = shared_fixtures / "sysfs" / "gpud_h100" / "sys-class-infiniband-h100.0"
+def test_gpud_h100_sysfs_tree_every_400g_port_ok(fixtures_dir, tmp_path):
+    src = fixtures_dir / "sysfs" / "gpud_h100" / "sys-class-infiniband-h100.0"
     shutil.copytree(src, tmp_path / "sys" / "class" / "infiniband")
     ports = ["mlx5_0:1", "mlx5_1:1"] + [f"mlx5_{i}:1" for i in range(4, 10)]
     prof = load_profile("h100-sxm-8").with_overrides({"rdma": {"ports": ports}})
@@ -514,9 +514,9 @@ def ibstat_tree(text: str, root: Path) -> list[tuple[str, str, str, str, int, st
     ("gpud_ibstat_47.0_H100_some_down_1.txt", {"mlx5_5", "mlx5_11"}),
     ("gpud_ibstat_47.0_H100_some_down_polling.txt", {"mlx5_5", "mlx5_11"}),
 ])
-def test_ibstat_down_and_polling_ports_are_down_and_not_rate_degraded(shared_fixtures, tmp_path,
+def test_ibstat_down_and_polling_ports_are_down_and_not_rate_degraded(fixtures_dir, tmp_path,
                                                                       fixture, down):
-    ports = ibstat_tree((shared_fixtures / "ib_perftest" / fixture).read_text(), tmp_path)
+    ports = ibstat_tree((fixtures_dir / "ib_perftest" / fixture).read_text(), tmp_path)
     # The profile lists the host's 400G ConnectX-7 rails (MT4129), as an operator would.
     rails = [n for n, ca_type, *_ in ports if ca_type == "MT4129"]
     prof = load_profile("h100-sxm-8").with_overrides(

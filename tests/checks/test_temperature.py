@@ -234,9 +234,9 @@ def _xml_temps(text: str) -> dict[str, int | None]:
     ("gpud_nvidia-smi-q_535.129.03_A10.txt", False, 98),  # GDDR: no memory temperature
     ("gpud_nvidia-smi-q_535.183.01_8xH100-80GB-HBM3.txt", True, None),  # T.Limit offsets only
 ])
-def test_real_temperatures_are_healthy(rig, shared_fixtures, fixture, memory_supported,
+def test_real_temperatures_are_healthy(rig, fixtures_dir, fixture, memory_supported,
                                        slowdown):
-    text = (shared_fixtures / "nvidia_smi" / fixture).read_text()
+    text = (fixtures_dir / "nvidia_smi" / fixture).read_text()
     t = _xml_temps(text) if fixture.endswith(".xml") else _smi_temps(text)
     r = rig()
     for g in r.gpus:

@@ -223,8 +223,8 @@ def _smi_masks(text: str) -> list[int]:
     # 8x RTX 4090: no reason at all (0x0) or idle (0x1).
     ("gpud_nvidia-smi-q_535.154.05_8xRTX4090_0.txt", ["Ok"] * 8),
 ])
-def test_real_clock_event_bitmasks(rig, shared_fixtures, fixture, reasons):
-    masks = _smi_masks((shared_fixtures / "nvidia_smi" / fixture).read_text())
+def test_real_clock_event_bitmasks(rig, fixtures_dir, fixture, reasons):
+    masks = _smi_masks((fixtures_dir / "nvidia_smi" / fixture).read_text())
     assert len(masks) == 8
     r = rig()
     for gpu, mask in zip(r.node.spec.gpus, masks, strict=True):

@@ -408,8 +408,8 @@ def test_unreadable_kernel_log_is_unknown(tmp_path, fake_clock):
 # --- one-shot scans of the real fixtures -----------------------------------------------------
 
 
-def _run_fixture(tmp_path, fake_clock, shared_fixtures, name):
-    n = Node(tmp_path, fake_clock, kmsg=str(shared_fixtures / "xid_kmsg" / name))
+def _run_fixture(tmp_path, fake_clock, fixtures_dir, name):
+    n = Node(tmp_path, fake_clock, kmsg=str(fixtures_dir / "xid_kmsg" / name))
     check = Xid()
     return n, check, check.run(n.ctx())
 
@@ -426,9 +426,9 @@ def _run_fixture(tmp_path, fake_clock, shared_fixtures, name):
      {("failed", "Xid64"): 1, ("degraded", "Xid94"): 1}),
     ("gpud_dmesg-decode-iso_boot_full_2381lines.log", {}),
 ])
-def test_run_reports_every_event_of_a_saved_log(tmp_path, fake_clock, shared_fixtures, name,
+def test_run_reports_every_event_of_a_saved_log(tmp_path, fake_clock, fixtures_dir, name,
                                                  expected):
-    _n, _check, results = _run_fixture(tmp_path, fake_clock, shared_fixtures, name)
+    _n, _check, results = _run_fixture(tmp_path, fake_clock, fixtures_dir, name)
     events = Counter((r.status.value, r.reason) for r in results if r.reason != "Ok")
     assert events == expected
     quiet = [r for r in results if r.reason == "Ok"]
@@ -437,8 +437,8 @@ def test_run_reports_every_event_of_a_saved_log(tmp_path, fake_clock, shared_fix
     assert all(r.status is Status.OK and r.details["lines_scanned"] > 0 for r in quiet)
 
 
-def test_run_over_the_xid13_storm_flags_the_repeating_gpu(tmp_path, fake_clock, shared_fixtures):
-    _n, _check, results = _run_fixture(tmp_path, fake_clock, shared_fixtures,
+def test_run_over_the_xid13_storm_flags_the_repeating_gpu(tmp_path, fake_clock, fixtures_dir):
+    _n, _check, results = _run_fixture(tmp_path, fake_clock, fixtures_dir,
                                        "gpud_dmesg-decode-iso_636lines_xid13_xid43.log")
     events = [r for r in results if r.reason in ("Xid13", "Xid43")]
     assert len(events) == 636
@@ -447,17 +447,17 @@ def test_run_over_the_xid13_storm_flags_the_repeating_gpu(tmp_path, fake_clock, 
     assert events[-1].status is Status.FAILED and events[-1].details["repeated"] is True
 
 
-def test_run_of_every_fixture_never_crashes(tmp_path, fake_clock, shared_fixtures):
+def test_run_of_every_fixture_never_crashes(tmp_path, fake_clock, fixtures_dir):
     allowed = set(Xid.all_reasons())
-    for path in sorted((shared_fixtures / "xid_kmsg").iterdir()):
+    for path in sorted((fixtures_dir / "xid_kmsg").iterdir()):
         n = Node(tmp_path / path.name, fake_clock, kmsg=str(path))
         results = Xid().run(n.ctx())
         assert results, path.name
         assert {r.reason for r in results} <= allowed, path.name
 
 
-def test_run_on_a_file_leaves_the_node_history_alone(tmp_path, fake_clock, shared_fixtures):
-    n, _check, results = _run_fixture(tmp_path, fake_clock, shared_fixtures,
+def test_run_on_a_file_leaves_the_node_history_alone(tmp_path, fake_clock, fixtures_dir):
+    n, _check, results = _run_fixture(tmp_path, fake_clock, fixtures_dir,
                                       "gpud_sxid-readme_dmesg_xid79_sxid20034.log")
     assert any(r.reason == "Xid79" for r in results)
     assert n.store.xid_events() == [] and n.store.get_kv("xid", "open") is None

@@ -175,8 +175,8 @@ def nccl_tests_rows(path):
     ("superbench_all_reduce_perf_8xA100-SXM4-40GB.log", "all_reduce", 8),
     ("superbench_allgather_perf_8xA100-SXM4-40GB.log", "all_gather", 8),
 ])
-def test_busbw_matches_nccl_tests_on_real_runs(shared_fixtures, name, op, n):
-    rows = nccl_tests_rows(shared_fixtures / "nccl_tests" / name)
+def test_busbw_matches_nccl_tests_on_real_runs(fixtures_dir, name, op, n):
+    rows = nccl_tests_rows(fixtures_dir / "nccl_tests" / name)
     assert len(rows) > 8
     per_rank = [[{"bytes": s, "times_s": [t * 1e-6], "wrong": 0} for s, t, _, _ in rows]] * n
     table = op_table(op, per_rank)
@@ -208,10 +208,10 @@ def _settings_for(profile_name, cap=1 << 31):
     ("aws_all_reduce_perf_2node_2xp4de.24xlarge_16xA100-80GB_srun-prefix.txt", "h100-sxm-8",
      "unhealthy", ["FabricBusBwLow"]),
 ])
-def test_real_runs_judged_against_the_profile_floors(shared_fixtures, name, profile, verdict,
+def test_real_runs_judged_against_the_profile_floors(fixtures_dir, name, profile, verdict,
                                                      reasons):
     settings = _settings_for(profile)
-    rows = [r for r in nccl_tests_rows(shared_fixtures / "nccl_tests" / name)
+    rows = [r for r in nccl_tests_rows(fixtures_dir / "nccl_tests" / name)
             if r[0] in settings.sizes]
     assert rows[-1][0] == 1 << 31
     per_rank = [[{"bytes": s, "times_s": [t * 1e-6], "wrong": 0} for s, t, _, _ in rows]] * 16

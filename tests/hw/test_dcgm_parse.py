@@ -1,4 +1,4 @@
-"""The dcgmi diag parser on every recorded output in ../shared/fixtures/dcgm_diag/."""
+"""The dcgmi diag parser on every recorded output in tests/fixtures/dcgm_diag/."""
 
 from __future__ import annotations
 
@@ -25,15 +25,15 @@ DEPLOYMENT_3X = ["Denylist", "NVML Library", "CUDA Main Library",
                  "Inforom"]
 
 
-def read(shared_fixtures, name: str) -> str:
-    return (shared_fixtures / D / name).read_text()
+def read(fixtures_dir, name: str) -> str:
+    return (fixtures_dir / D / name).read_text()
 
 
 # --- JSON, DCGM 3.x ----------------------------------------------------------------------------
 
 
-def test_3_1_real_output_with_garbage_preamble_and_null_entries(shared_fixtures):
-    text = read(shared_fixtures, "dcgm_3.1.0_diag_json_8gpu_pass_realoutput_with_preamble.txt")
+def test_3_1_real_output_with_garbage_preamble_and_null_entries(fixtures_dir):
+    text = read(fixtures_dir, "dcgm_3.1.0_diag_json_8gpu_pass_realoutput_with_preamble.txt")
     assert text.lstrip().startswith("WARNING: THIS SHOULD NOT HAPPEN")
     diag = parse_diag(text)
     assert (diag.shape, diag.version) == ("3.x", "3.1.0")
@@ -46,8 +46,8 @@ def test_3_1_real_output_with_garbage_preamble_and_null_entries(shared_fixtures)
     assert {r.category for r in diag.results} == {"Deployment", "Custom"}
 
 
-def test_3x_fixture_reports_every_result_of_every_test_per_gpu(shared_fixtures):
-    diag = parse_diag(read(shared_fixtures, "dcgm_3x_diag_json_4gpu_testfixture_warnings_fail.json"))
+def test_3x_fixture_reports_every_result_of_every_test_per_gpu(fixtures_dir):
+    diag = parse_diag(read(fixtures_dir, "dcgm_3x_diag_json_4gpu_testfixture_warnings_fail.json"))
     assert diag.gpus == (0, 1, 2, 3)
     fails = diag.with_status(DiagStatus.FAIL)
     # sm_stress fails on GPUs 0, 2 and 3, not only in the first result
@@ -74,8 +74,8 @@ def test_3x_fixture_reports_every_result_of_every_test_per_gpu(shared_fixtures):
      {"Persistence Mode": DiagStatus.FAIL, "Environment Variables": DiagStatus.WARN}),
     ("gcm_testfixture_diag_warn_dcgm2x_compact.json", {"Persistence Mode": DiagStatus.WARN}),
 ])
-def test_2x_compact_results_have_no_gpu_and_are_node_wide(shared_fixtures, name, statuses):
-    diag = parse_diag(read(shared_fixtures, name))
+def test_2x_compact_results_have_no_gpu_and_are_node_wide(fixtures_dir, name, statuses):
+    diag = parse_diag(read(fixtures_dir, name))
     assert diag.gpus == ()
     assert len(diag.node_wide()) == 9
     assert diag.tests()[0] == "Blacklist"  # the pre-3.0 name
@@ -89,8 +89,8 @@ def test_2x_compact_results_have_no_gpu_and_are_node_wide(shared_fixtures, name,
 # --- JSON, DCGM 4.x ----------------------------------------------------------------------------
 
 
-def test_4_2_3_software_fail_with_entity_ids_metadata_and_summary(shared_fixtures):
-    diag = parse_diag(read(shared_fixtures,
+def test_4_2_3_software_fail_with_entity_ids_metadata_and_summary(fixtures_dir):
+    diag = parse_diag(read(fixtures_dir,
                            "dcgm_4.2.3_diag_r1_json_GB10_software_fail_UNVERIFIED_REPO.json"))
     assert (diag.shape, diag.version, diag.driver_version) == ("4.x", "4.2.3", "580.82.09")
     assert diag.device_ids == ("2e12",)
@@ -106,8 +106,8 @@ def test_4_2_3_software_fail_with_entity_ids_metadata_and_summary(shared_fixture
     assert s.info[0].startswith("Error getting the SRAM Threshold Count for GPU 0.")
 
 
-def test_4x_fragment_is_not_a_document_but_parses_inside_one(shared_fixtures):
-    fragment = read(shared_fixtures, "dcgm_4.x_diag_r3_json_FRAGMENT_8gpu_diagnostic_test_issue215.json")
+def test_4x_fragment_is_not_a_document_but_parses_inside_one(fixtures_dir):
+    fragment = read(fixtures_dir, "dcgm_4.x_diag_r3_json_FRAGMENT_8gpu_diagnostic_test_issue215.json")
     with pytest.raises(DcgmParseError):
         parse_diag(fragment)
     doc = ('{"DCGM Diagnostic": {"test_categories": [{"category": "Hardware", "tests": ['
@@ -146,14 +146,14 @@ def test_4x_non_gpu_entities_are_not_gpus():
     "gcm_testfixture_nvlink_status_pass_dcgmi_nvlink_-s_excerpt.txt",
     "nvsentinel_dcgmerrorsmapping.csv",
 ])
-def test_documents_that_are_not_a_diag_run_are_refused(shared_fixtures, name):
+def test_documents_that_are_not_a_diag_run_are_refused(fixtures_dir, name):
     with pytest.raises(DcgmParseError):
-        parse_diag(read(shared_fixtures, name))
+        parse_diag(read(fixtures_dir, name))
 
 
 @pytest.mark.parametrize("cut", [0.2, 0.5, 0.9, 0.99])
-def test_truncated_json_is_refused_as_truncated(shared_fixtures, cut):
-    text = read(shared_fixtures, "dcgm_3x_diag_json_4gpu_testfixture_warnings_fail.json")
+def test_truncated_json_is_refused_as_truncated(fixtures_dir, cut):
+    text = read(fixtures_dir, "dcgm_3x_diag_json_4gpu_testfixture_warnings_fail.json")
     with pytest.raises(DcgmParseError, match="truncated"):
         parse_diag(text[: int(len(text) * cut)])
 
@@ -176,8 +176,8 @@ def test_garbage_is_refused(text):
 # --- text tables -------------------------------------------------------------------------------
 
 
-def test_complete_text_table_3_3_3(shared_fixtures):
-    diag = parse_diag(read(shared_fixtures,
+def test_complete_text_table_3_3_3(fixtures_dir):
+    diag = parse_diag(read(fixtures_dir,
                            "aws_efa-cheatsheet_dcgmi_diag_-r2_text_3.3.3_8xA100_20b2_full_pass.txt"))
     assert diag.shape == "text" and diag.complete
     assert (diag.version, diag.driver_version) == ("3.3.3", "535.104.12")
@@ -194,23 +194,23 @@ def test_complete_text_table_3_3_3(shared_fixtures):
     ("issue_go-dcgm52_dcgmi_diag_text_3.3.1_1xA16_1eb8_TRUNCATED.txt", "3.3.1", 6),
     ("issue_nccl-tests264_dcgmi_diag_text_3.3.8_8xH100_2330_TRUNCATED.txt", "3.3.8", 5),
 ])
-def test_truncated_text_tables_parse_but_say_incomplete(shared_fixtures, name, version, n):
-    diag = parse_diag(read(shared_fixtures, name))
+def test_truncated_text_tables_parse_but_say_incomplete(fixtures_dir, name, version, n):
+    diag = parse_diag(read(fixtures_dir, name))
     assert diag.shape == "text" and not diag.complete
     assert diag.version == version
     assert len(diag.results) == n
 
 
-def test_4x_text_per_gpu_rows_replace_the_summary_row(shared_fixtures):
-    diag = parse_diag(read(shared_fixtures,
+def test_4x_text_per_gpu_rows_replace_the_summary_row(fixtures_dir):
+    diag = parse_diag(read(fixtures_dir,
                            "issue_DCGM253_dcgmi_diag_text_4.2.3_4xL40S_26b9_TRUNCATED.txt"))
     assert [(r.test, r.gpu, r.status) for r in diag.results] == [
         ("software", g, DiagStatus.PASS) for g in range(4)]
     assert diag.device_ids == ("26b9",) * 4
 
 
-def test_wrapped_info_row_is_attached_to_its_test(shared_fixtures):
-    diag = parse_diag(read(shared_fixtures,
+def test_wrapped_info_row_is_attached_to_its_test(fixtures_dir):
+    diag = parse_diag(read(fixtures_dir,
                            "issue_nccl-tests264_dcgmi_diag_text_3.3.8_8xH100_2330_TRUNCATED.txt"))
     last = diag.results[-1]
     assert last.test == "Persistence Mode"
@@ -279,9 +279,9 @@ def test_statuses_of_every_release():
     assert worst([]) is None
 
 
-def test_error_names_are_dcgm_failure_codes(shared_fixtures):
+def test_error_names_are_dcgm_failure_codes(fixtures_dir):
     """Every name our id table gives is a DCGM_FR_* code NVSentinel's mapping also knows."""
-    known = {line.split(",")[0] for line in read(shared_fixtures,
+    known = {line.split(",")[0] for line in read(fixtures_dir,
                                                   "nvsentinel_dcgmerrorsmapping.csv").splitlines()}
     assert error_name(58) == "DCGM_FR_MEMORY_MISMATCH"
     assert error_name(999) is None

@@ -76,22 +76,22 @@ def _lines(path: Path) -> list[str]:
     return path.read_text(encoding="utf-8").splitlines()
 
 
-def test_expectation_table_covers_every_kmsg_fixture(shared_fixtures: Path) -> None:
-    on_disk = {p.name for p in (shared_fixtures / "xid_kmsg").iterdir() if p.is_file()}
+def test_expectation_table_covers_every_kmsg_fixture(fixtures_dir: Path) -> None:
+    on_disk = {p.name for p in (fixtures_dir / "xid_kmsg").iterdir() if p.is_file()}
     assert on_disk == set(EXPECTED_FORMATS)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_FORMATS))
-def test_fixture_formats_detected_per_file(shared_fixtures: Path, name: str) -> None:
+def test_fixture_formats_detected_per_file(fixtures_dir: Path, name: str) -> None:
     formats, with_continuation = EXPECTED_FORMATS[name]
-    records = list(iter_file(shared_fixtures / "xid_kmsg" / name))
+    records = list(iter_file(fixtures_dir / "xid_kmsg" / name))
     assert Counter(r.source_format for r in records) == Counter(formats)
     assert sum(1 for r in records if r.continuation) == with_continuation
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_FORMATS))
-def test_fixture_every_line_lands_in_exactly_one_record(shared_fixtures: Path, name: str) -> None:
-    path = shared_fixtures / "xid_kmsg" / name
+def test_fixture_every_line_lands_in_exactly_one_record(fixtures_dir: Path, name: str) -> None:
+    path = fixtures_dir / "xid_kmsg" / name
     lines = _lines(path)
     records = list(iter_file(path))
     covered: list[int] = []
@@ -107,8 +107,8 @@ def test_fixture_every_line_lands_in_exactly_one_record(shared_fixtures: Path, n
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_FORMATS))
-def test_fixture_nvrm_and_sxid_text_survives_intact(shared_fixtures: Path, name: str) -> None:
-    path = shared_fixtures / "xid_kmsg" / name
+def test_fixture_nvrm_and_sxid_text_survives_intact(fixtures_dir: Path, name: str) -> None:
+    path = fixtures_dir / "xid_kmsg" / name
     lines = _lines(path)
     by_line = {r.line_no: r for r in iter_file(path)}
     owner: dict[int, KmsgRecord] = {}
@@ -133,9 +133,9 @@ def test_fixture_nvrm_and_sxid_text_survives_intact(shared_fixtures: Path, name:
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_FORMATS))
 def test_fixture_followed_file_gives_the_same_records_as_a_scan(
-    shared_fixtures: Path, name: str
+    fixtures_dir: Path, name: str
 ) -> None:
-    path = shared_fixtures / "xid_kmsg" / name
+    path = fixtures_dir / "xid_kmsg" / name
     scanned = list(iter_file(path))
     if not path.read_bytes().endswith(b"\n"):
         scanned.pop()  # a follower waits for the newline that would end the last line
@@ -146,9 +146,9 @@ def test_fixture_followed_file_gives_the_same_records_as_a_scan(
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_FORMATS))
-def test_fixture_lines_parse_one_by_one(shared_fixtures: Path, name: str) -> None:
+def test_fixture_lines_parse_one_by_one(fixtures_dir: Path, name: str) -> None:
     """parse_text_line alone (no continuation context) accepts every line and never fails."""
-    for no, line in enumerate(_lines(shared_fixtures / "xid_kmsg" / name), 1):
+    for no, line in enumerate(_lines(fixtures_dir / "xid_kmsg" / name), 1):
         rec = parse_text_line(line, line_no=no)
         if not line.strip():
             assert rec is None
@@ -394,9 +394,9 @@ SPOT_CHECKS = [
 
 @pytest.mark.parametrize(("name", "line_no", "expected"), SPOT_CHECKS)
 def test_fixture_spot_checks(
-    shared_fixtures: Path, name: str, line_no: int, expected: dict[str, object]
+    fixtures_dir: Path, name: str, line_no: int, expected: dict[str, object]
 ) -> None:
-    records = {r.line_no: r for r in iter_file(shared_fixtures / "xid_kmsg" / name)}
+    records = {r.line_no: r for r in iter_file(fixtures_dir / "xid_kmsg" / name)}
     rec = records[line_no]
     for attr, value in expected.items():
         got = getattr(rec, attr)
@@ -406,9 +406,9 @@ def test_fixture_spot_checks(
             assert got == value, attr
 
 
-def test_pstore_priority_carries_the_facility(shared_fixtures: Path) -> None:
+def test_pstore_priority_carries_the_facility(fixtures_dir: Path) -> None:
     records = list(
-        iter_file(shared_fixtures / "xid_kmsg" / "gpud_pstore_dmesg_with_loglevel_prefix.txt")
+        iter_file(fixtures_dir / "xid_kmsg" / "gpud_pstore_dmesg_with_loglevel_prefix.txt")
     )
     systemd = [r for r in records if r.raw.startswith("<30>")]
     warn = [r for r in records if r.raw.startswith("<28>")]
@@ -417,9 +417,9 @@ def test_pstore_priority_carries_the_facility(shared_fixtures: Path) -> None:
     assert {(r.facility, r.priority) for r in warn} == {(3, 4)}
 
 
-def test_dmesg_multiline_nvrm_keeps_continuation_lines(shared_fixtures: Path) -> None:
+def test_dmesg_multiline_nvrm_keeps_continuation_lines(fixtures_dir: Path) -> None:
     path = (
-        shared_fixtures
+        fixtures_dir
         / "xid_kmsg"
         / "issue_NVSentinel155_dmesg_fallen-off-bus_multiline_noXID.log"
     )
@@ -439,8 +439,8 @@ def test_dmesg_multiline_nvrm_keeps_continuation_lines(shared_fixtures: Path) ->
     assert probe.continuation == () and loading.continuation == ()
 
 
-def test_sxid_triplets_stay_separate_records(shared_fixtures: Path) -> None:
-    path = shared_fixtures / "xid_kmsg" / "gpud_sxid-readme_dmesg_xid79_sxid20034.log"
+def test_sxid_triplets_stay_separate_records(fixtures_dir: Path) -> None:
+    path = fixtures_dir / "xid_kmsg" / "gpud_sxid-readme_dmesg_xid79_sxid20034.log"
     sxids = [r for r in iter_file(path) if "SXid" in r.message]
     assert len(sxids) == 8
     assert all(r.continuation == () for r in sxids)

@@ -29,14 +29,14 @@ def _compare(path) -> None:
         assert stats.lines == sum(1 for _ in fh)
 
 
-def _fixture_files(shared_fixtures):
-    return sorted(p for p in shared_fixtures.rglob("*") if p.is_file())
+def _fixture_files(fixtures_dir):
+    return sorted(p for p in fixtures_dir.rglob("*") if p.is_file())
 
 
 @pytest.mark.parametrize("count_chunk", [16 * 1024 * 1024, 5])
-def test_same_records_as_iter_file_for_every_fixture(shared_fixtures, monkeypatch, count_chunk):
+def test_same_records_as_iter_file_for_every_fixture(fixtures_dir, monkeypatch, count_chunk):
     monkeypatch.setattr(kmsg_scan, "_COUNT_CHUNK", count_chunk)
-    files = _fixture_files(shared_fixtures)
+    files = _fixture_files(fixtures_dir)
     assert len(files) > 100
     for path in files:
         _compare(path)

@@ -9,12 +9,12 @@ from gpu_monitor.hw.perftest import PerftestParseError, parse_report
 P = "ib_perftest"
 
 
-def read(shared_fixtures, name: str) -> str:
-    return (shared_fixtures / P / name).read_text()
+def read(fixtures_dir, name: str) -> str:
+    return (fixtures_dir / P / name).read_text()
 
 
-def test_loopback_8m_interleaved_server_and_client_mb_per_sec(shared_fixtures):
-    report = parse_report(read(shared_fixtures, "superbench_ib_write_bw_loopback_8M.log"))
+def test_loopback_8m_interleaved_server_and_client_mb_per_sec(fixtures_dir):
+    report = parse_report(read(fixtures_dir, "superbench_ib_write_bw_loopback_8M.log"))
     assert len(report.rows) == 2  # the server's and the client's identical lines
     row = report.row_for(8388608)
     assert (row.bytes, row.iterations, row.bw_peak, row.bw_average, row.msg_rate_mpps) == (
@@ -25,8 +25,8 @@ def test_loopback_8m_interleaved_server_and_client_mb_per_sec(shared_fixtures):
     assert round(row.gbit_per_s, 2) == 201.80
 
 
-def test_loopback_all_sizes(shared_fixtures):
-    report = parse_report(read(shared_fixtures, "superbench_ib_write_bw_loopback_all_sizes.log"))
+def test_loopback_all_sizes(fixtures_dir):
+    report = parse_report(read(fixtures_dir, "superbench_ib_write_bw_loopback_all_sizes.log"))
     sizes = report.sizes()
     assert sizes == tuple(2 ** k for k in range(1, 24))  # 2 B .. 8 MiB
     assert report.row_for(2).bw_average == 5.30
@@ -38,9 +38,9 @@ def test_loopback_all_sizes(shared_fixtures):
     assert report.largest.bytes == 8388608
 
 
-def test_report_gbits_post_list_roce(shared_fixtures):
+def test_report_gbits_post_list_roce(fixtures_dir):
     report = parse_report(
-        read(shared_fixtures, "issue_perftest273_ib_write_bw_postlist_RoCE_report_gbits_8B.txt"))
+        read(fixtures_dir, "issue_perftest273_ib_write_bw_postlist_RoCE_report_gbits_8B.txt"))
     (row,) = report.rows
     assert (row.bytes, row.iterations, row.unit) == (8, 224958464, "Gb/sec")
     assert (row.bw_peak, row.bw_average, row.msg_rate_mpps) == (0.00, 0.48, 7.498617)
@@ -69,13 +69,13 @@ def test_mib_per_sec_label_and_interleaved_warning():
     "issue_DeepEP38_ibv_devinfo_mlx5_2_CX7_4129_PORT_ACTIVE_RoCE.txt",
     "issue_gpud-pr752_ibstat_partial_then_ibpanic_redacted.txt",
 ])
-def test_other_rdma_tools_output_is_not_a_report(shared_fixtures, name):
+def test_other_rdma_tools_output_is_not_a_report(fixtures_dir, name):
     with pytest.raises(PerftestParseError, match="no perftest bandwidth header"):
-        parse_report(read(shared_fixtures, name))
+        parse_report(read(fixtures_dir, name))
 
 
-def test_header_without_rows_is_a_run_that_ended_early(shared_fixtures):
-    text = read(shared_fixtures, "superbench_ib_write_bw_loopback_8M.log")
+def test_header_without_rows_is_a_run_that_ended_early(fixtures_dir):
+    text = read(fixtures_dir, "superbench_ib_write_bw_loopback_8M.log")
     cut = text[: text.index(" 8388608    20000")]
     with pytest.raises(PerftestParseError, match="no result row"):
         parse_report(cut)

@@ -47,16 +47,16 @@ def _materialise_node_exporter(src: Path, dst: Path) -> Path:
 
 
 @pytest.fixture
-def node_exporter(shared_fixtures: Path, tmp_path: Path) -> SysfsReader:
-    sys_root = _materialise_node_exporter(shared_fixtures / "sysfs" / "node_exporter",
+def node_exporter(fixtures_dir: Path, tmp_path: Path) -> SysfsReader:
+    sys_root = _materialise_node_exporter(fixtures_dir / "sysfs" / "node_exporter",
                                           tmp_path / "node_exporter")
     return SysfsReader(HostPaths(sysfs=str(sys_root)))
 
 
 @pytest.fixture
-def gpud_h100(shared_fixtures: Path, tmp_path: Path) -> SysfsReader:
+def gpud_h100(fixtures_dir: Path, tmp_path: Path) -> SysfsReader:
     """gpud's H100 ``/sys/class/infiniband`` capture mounted where sysfs keeps it."""
-    src = shared_fixtures / "sysfs" / "gpud_h100" / "sys-class-infiniband-h100.0"
+    src = fixtures_dir / "sysfs" / "gpud_h100" / "sys-class-infiniband-h100.0"
     (tmp_path / "sys" / "class").mkdir(parents=True)
     os.symlink(src, tmp_path / "sys" / "class" / "infiniband")
     return SysfsReader(HostPaths(sysfs=str(tmp_path / "sys")))
@@ -280,8 +280,8 @@ def test_link_speed_junk_raises(junk):
         parse_link_speed(junk)
 
 
-def test_aer_parses_real_file_and_counts(shared_fixtures):
-    real = (shared_fixtures / "sysfs" / "node_exporter" / "sys" / "devices" / "pci0000:40"
+def test_aer_parses_real_file_and_counts(fixtures_dir):
+    real = (fixtures_dir / "sysfs" / "node_exporter" / "sys" / "devices" / "pci0000:40"
             / "0000:40:01.3" / "0000:45:00.0" / "aer_dev_nonfatal").read_text()
     aer = parse_aer(real)
     assert list(aer.counters)[:3] == ["Undefined", "DLP", "SDES"]

@@ -37,13 +37,13 @@ Check = Callable[[dict], None]
 
 
 @pytest.fixture
-def drain_trace(shared_fixtures: Path) -> list[TraceRequest]:
-    return load_trace(shared_fixtures / "k8s" / "kubectl_drain_wire_trace.log")
+def drain_trace(fixtures_dir: Path) -> list[TraceRequest]:
+    return load_trace(fixtures_dir / "k8s" / "kubectl_drain_wire_trace.log")
 
 
 @pytest.fixture
-def taint_trace(shared_fixtures: Path) -> list[TraceRequest]:
-    return load_trace(shared_fixtures / "k8s" / "kubectl_taint_wire_trace.log")
+def taint_trace(fixtures_dir: Path) -> list[TraceRequest]:
+    return load_trace(fixtures_dir / "k8s" / "kubectl_taint_wire_trace.log")
 
 
 @pytest.fixture

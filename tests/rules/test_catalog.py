@@ -1,9 +1,8 @@
-"""The shipped XID/SXid catalogs: reproducible from the shared tables, versioned, consistent."""
+"""The shipped XID/SXid catalogs: reproducible from the in-repo vendor tables, versioned, consistent."""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -16,24 +15,13 @@ RULES_DIR = Path(gen.__file__).resolve().parent
 REPO = RULES_DIR.parent.parent
 
 
-def _shared() -> Path | None:
-    env = os.environ.get("GPU_MONITOR_SHARED")
-    for c in ([Path(env)] if env else []) + [REPO.parent / "shared", REPO / "shared"]:
-        if (c / "fixtures" / "xid_catalog").is_dir():
-            return c
-    return None
+# The vendor tables the catalog is generated from, as recorded in the repository's own copy of
+# the fixtures (tests/fixtures/xid_catalog, provenance in tests/fixtures/PROVENANCE.md).
+SOURCES = REPO / "tests"
 
 
-SHARED = _shared()
-needs_shared = pytest.mark.skipif(
-    SHARED is None,
-    reason="../shared/fixtures/xid_catalog not found (set GPU_MONITOR_SHARED): cannot regenerate "
-           "the catalog to compare it with the shipped one")
-
-
-@needs_shared
 def test_regenerating_gives_the_shipped_files_byte_for_byte(tmp_path):
-    assert gen.main(["--shared", str(SHARED), "--out", str(tmp_path)]) == 0
+    assert gen.main(["--shared", str(SOURCES), "--out", str(tmp_path)]) == 0
     for name in (gen.XID_OUT, gen.SXID_OUT):
         fresh = (tmp_path / name).read_bytes()
         shipped = (RULES_DIR / name).read_bytes()
@@ -41,13 +29,12 @@ def test_regenerating_gives_the_shipped_files_byte_for_byte(tmp_path):
             f"{name} is stale: run `{gen.REGENERATE}` and review the diff")
 
 
-@needs_shared
 def test_a_changed_source_changes_the_version(tmp_path):
     copy = tmp_path / "shared"
     for rel in gen.XID_SOURCES:
         dst = copy / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
-        dst.write_bytes((SHARED / rel).read_bytes())
+        dst.write_bytes((SOURCES / rel).read_bytes())
     before = gen.build_xid_catalog(copy)["about"]["catalog_version"]
     src = copy / gen.XID_SOURCES[0]
     src.write_text(src.read_text() + "\n")
@@ -62,7 +49,7 @@ def test_missing_sources_fail_with_a_message(tmp_path, capsys):
 
 def test_header_names_sources_provenance_version_and_how_to_regenerate():
     about = json.loads((RULES_DIR / gen.XID_OUT).read_text())["about"]
-    assert about["regenerate"] == "python -m gpu_monitor.rules.generate_catalog --shared ../shared"
+    assert about["regenerate"] == "python -m gpu_monitor.rules.generate_catalog --shared tests"
     assert about["catalog_version"] == xid_catalog().version
     assert about["catalog_version"].startswith(f"{gen.RULES_VERSION}.")
     paths = [s["path"] for s in about["sources"]]

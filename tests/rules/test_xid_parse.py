@@ -1,4 +1,4 @@
-"""Parsing and classifying real Xid / SXid kernel-log lines (../shared/fixtures/xid_kmsg)."""
+"""Parsing and classifying real Xid / SXid kernel-log lines (tests/fixtures/xid_kmsg)."""
 
 from __future__ import annotations
 
@@ -101,14 +101,14 @@ def _xids_of(path) -> list[tuple]:
     return out
 
 
-def test_the_table_covers_every_xid_kmsg_fixture(shared_fixtures):
-    files = sorted(p.name for p in (shared_fixtures / "xid_kmsg").iterdir())
+def test_the_table_covers_every_xid_kmsg_fixture(fixtures_dir):
+    files = sorted(p.name for p in (fixtures_dir / "xid_kmsg").iterdir())
     assert sorted(FIXTURE_XIDS) == files
 
 
 @pytest.mark.parametrize("name", sorted(FIXTURE_XIDS))
-def test_fixture_file_gives_the_expected_code_and_pci_per_line(shared_fixtures, name):
-    got = _xids_of(shared_fixtures / "xid_kmsg" / name)
+def test_fixture_file_gives_the_expected_code_and_pci_per_line(fixtures_dir, name):
+    got = _xids_of(fixtures_dir / "xid_kmsg" / name)
     want = FIXTURE_XIDS[name]
     if isinstance(want, dict):
         assert Counter(got) == {(code, c(pci)): n for (code, pci), n in want.items()}
@@ -171,8 +171,8 @@ LINES = [
 
 @pytest.mark.parametrize("fixture, line, code, pci, pid, process, msg", LINES,
                          ids=[f"{i}-{t[2]}" for i, t in enumerate(LINES)])
-def test_real_line_fields(shared_fixtures, fixture, line, code, pci, pid, process, msg):
-    assert line in (shared_fixtures / "xid_kmsg" / fixture).read_text()
+def test_real_line_fields(fixtures_dir, fixture, line, code, pci, pid, process, msg):
+    assert line in (fixtures_dir / "xid_kmsg" / fixture).read_text()
     rec = parse_text_line(line)
     p = parse_xid(rec.text)
     assert isinstance(p, ParsedXid)
@@ -263,9 +263,9 @@ NVLINK5 = [
 
 @pytest.mark.parametrize("line, unit, link, nregs, action, basis", NVLINK5,
                          ids=[f"{i}-{t[1]}" for i, t in enumerate(NVLINK5)])
-def test_nvlink5_payload_is_parsed_and_decoded(shared_fixtures, line, unit, link, nregs, action,
+def test_nvlink5_payload_is_parsed_and_decoded(fixtures_dir, line, unit, link, nregs, action,
                                                basis):
-    texts = "".join(p.read_text() for p in (shared_fixtures / "xid_kmsg").iterdir())
+    texts = "".join(p.read_text() for p in (fixtures_dir / "xid_kmsg").iterdir())
     assert line in texts
     p = parse_xid(line)
     assert (p.nvlink5.unit, p.nvlink5.link, len(p.nvlink5.registers)) == (unit, link, nregs)
@@ -273,8 +273,8 @@ def test_nvlink5_payload_is_parsed_and_decoded(shared_fixtures, line, unit, link
     assert (cls.action, cls.basis, cls.category) == (action, basis, "hardware")
 
 
-def test_fallen_off_the_bus_multiline_without_xid(shared_fixtures):
-    path = shared_fixtures / "xid_kmsg" / "issue_NVSentinel155_dmesg_fallen-off-bus_multiline_noXID.log"
+def test_fallen_off_the_bus_multiline_without_xid(fixtures_dir):
+    path = fixtures_dir / "xid_kmsg" / "issue_NVSentinel155_dmesg_fallen-off-bus_multiline_noXID.log"
     rec = next(iter_file(path))
     assert len(rec.continuation) == 2
     p = parse_xid(rec.text)
@@ -425,8 +425,8 @@ SXID_LINES = [
 
 
 @pytest.mark.parametrize("line, code, pci, sw, kind, fatal, link", SXID_LINES)
-def test_sxid_line_shapes(shared_fixtures, line, code, pci, sw, kind, fatal, link):
-    texts = "".join(p.read_text() for p in (shared_fixtures / "xid_kmsg").iterdir())
+def test_sxid_line_shapes(fixtures_dir, line, code, pci, sw, kind, fatal, link):
+    texts = "".join(p.read_text() for p in (fixtures_dir / "xid_kmsg").iterdir())
     assert line in texts
     p = parse_sxid(parse_text_line(line).text)
     assert isinstance(p, ParsedSxid)
@@ -445,8 +445,8 @@ def _sxid_events(path):
     return list(events.values())
 
 
-def test_sxid_triplet_is_one_event(shared_fixtures):
-    evs = _sxid_events(shared_fixtures / "xid_kmsg" /
+def test_sxid_triplet_is_one_event(fixtures_dir):
+    evs = _sxid_events(fixtures_dir / "xid_kmsg" /
                        "gpud_history_testliterals_xid94_95_119_sxid_mlx5.txt")
     first = evs[0]
     assert (first.code, first.fatal, first.severity_level, len(first.data), len(first.lines)) == (
@@ -454,8 +454,8 @@ def test_sxid_triplet_is_one_event(shared_fixtures):
     assert status_of(first) == (Status.FAILED, Action.REBOOT)
 
 
-def test_interleaved_switches_group_by_switch_and_link(shared_fixtures):
-    evs = _sxid_events(shared_fixtures / "xid_kmsg" / "gpud_sxid-readme_dmesg_xid79_sxid20034.log")
+def test_interleaved_switches_group_by_switch_and_link(fixtures_dir):
+    evs = _sxid_events(fixtures_dir / "xid_kmsg" / "gpud_sxid-readme_dmesg_xid79_sxid20034.log")
     summary = [(e.switch_index, e.link, e.severity_level, bool(e.data), e.orphan) for e in evs]
     assert summary == [
         (1, 48, None, False, False),
@@ -467,8 +467,8 @@ def test_interleaved_switches_group_by_switch_and_link(shared_fixtures):
     assert all(e.fatal for e in evs)
 
 
-def test_sxid_fatality_and_unknown_codes(shared_fixtures):
-    evs = _sxid_events(shared_fixtures / "xid_kmsg" / "nvsentinel_testliterals_xid_sxid_realistic.txt")
+def test_sxid_fatality_and_unknown_codes(fixtures_dir):
+    evs = _sxid_events(fixtures_dir / "xid_kmsg" / "nvsentinel_testliterals_xid_sxid_realistic.txt")
     by_code = {}
     for e in evs:
         by_code.setdefault(e.code, []).append(e)

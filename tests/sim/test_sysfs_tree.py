@@ -125,7 +125,7 @@ def test_off_bus_gpu_is_absent_from_the_tree(tmp_path):
 # --- file formats ----------------------------------------------------------------------------
 
 
-def test_files_use_the_kernel_formats(tmp_path, shared_fixtures):
+def test_files_use_the_kernel_formats(tmp_path, fixtures_dir):
     spec = hgx_spec()
     write_tree(str(tmp_path), spec)
     gpu = tmp_path / "sys" / "bus" / "pci" / "devices" / "0000:19:00.0"
@@ -139,7 +139,7 @@ def test_files_use_the_kernel_formats(tmp_path, shared_fixtures):
     assert (port / "phys_state").read_text() == "5: LinkUp\n"
     assert (port / "rate").read_text() == "400 Gb/sec (4X NDR)\n"
     # AER files list the same counters, in the same order, as a real 6.x kernel's.
-    real_dir = (shared_fixtures / "sysfs" / "node_exporter" / "sys" / "devices" / "pci0000:40"
+    real_dir = (fixtures_dir / "sysfs" / "node_exporter" / "sys" / "devices" / "pci0000:40"
                 / "0000:40:01.3" / "0000:45:00.0")
     for name in ("aer_dev_correctable", "aer_dev_nonfatal", "aer_dev_fatal"):
         ours = [line.split()[0] for line in (gpu / name).read_text().splitlines()]
