@@ -25,19 +25,9 @@ from fake_apiserver_patch import (
 from kubernetes import client, watch
 from kubernetes.client import ApiException
 
+from tests.waiting import eventually
+
 GPU_GROUP, GPU_VERSION, GPU_PLURAL = "gpu-monitor.io", "v1alpha1", "gpuhealthreports"
-
-
-def eventually(predicate, timeout: float = 5.0, interval: float = 0.02):
-    """Poll until `predicate()` is truthy (no absolute-time assertions: only an upper bound)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(interval)
 
 
 def status_of(exc: ApiException) -> dict:
