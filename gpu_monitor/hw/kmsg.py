@@ -827,11 +827,19 @@ class KmsgDeviceSource:
         self._count = 0
         self._last_seq: int | None = None
         self._gap_pending = False
+        self._deferred: OSError | None = None
         if not replay:
             self._reader.seek_end()
 
     def read_available(self, max_records: int | None = None) -> list[KmsgRecord | KmsgGap]:
-        """Everything readable now (at most ``max_records`` records), gaps in place."""
+        """Everything readable now (at most ``max_records`` records), gaps in place.
+
+        An I/O error other than those above raises; when records were read before it in the
+        same call they are returned first and the error is raised by the next call.
+        """
+        if self._deferred is not None:
+            exc, self._deferred = self._deferred, None
+            raise exc
         out: list[KmsgRecord | KmsgGap] = []
         drained = False
         epipes = 0
@@ -856,6 +864,9 @@ class KmsgDeviceSource:
                 if e.errno == errno.EINVAL:  # a record bigger than our buffer: cannot happen
                     self.parse_errors += 1
                     self._gap(out, None, "record larger than the read buffer (EINVAL)")
+                    break
+                if out:  # keep what was read; the error comes with the next call
+                    self._deferred = e
                     break
                 raise
             epipes = 0

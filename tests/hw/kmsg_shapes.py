@@ -1,15 +1,21 @@
-"""Kernel-log stamp shapes for the tables of tests/hw and tests/badinput.
+"""Kernel-log shapes for the tables of tests/hw, tests/checks and tests/badinput.
 
-Each text format the reader knows is rendered from plain fields (date, time, offset), so one
-table can put any value, possible or not, into every format: the real layouts are those of
+Stamps: each text format the reader knows is rendered from plain fields (date, time, offset), so
+one table can put any value, possible or not, into every format: the real layouts are those of
 util-linux ``dmesg -T`` / ``--time-format=iso`` / ``--decode``, ``journalctl -o short-iso``
 (and ``short-iso-precise``), BSD syslog and pstore dumps, as in tests/fixtures/xid_kmsg.
+
+Paths: every way a ``--kmsg`` path can give nothing to read (``make_log_path``), with the
+words the resulting error must contain.
 """
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 HOST = "gpu-node-7"
@@ -122,3 +128,63 @@ def wallclock_lines(stamps=EDGES, msg: str = "x"):
             line = render(stamp, msg)
             if line is not None:
                 yield f"{name}-{stamp.id}", line, fmt, stamp
+
+
+# --- paths that give nothing to read -----------------------------------------------------------
+
+# shape -> words the scan's error names (besides the path)
+PATH_SHAPES: dict[str, str] = {
+    "missing": "No such file or directory",
+    "directory": "Is a directory",
+    "dangling-symlink": "No such file or directory",
+    "unreadable": "Permission denied",
+    "device": "not a regular file or FIFO",
+    "fifo-without-writer": "nothing was written to the FIFO",
+    "empty-file": "the file is empty",
+    "blank-lines-only": "only blank lines",
+}
+LOG_NAME = "kern.log"
+
+
+def make_log_path(tmp: Path, shape: str) -> Path:
+    """``tmp/kern.log`` in the given shape. "unreadable" is mode 000, which root reads anyway:
+    pair it with ``deny_open`` (the tests do when running as root)."""
+    path = tmp / LOG_NAME
+    if shape == "missing":
+        pass
+    elif shape == "directory":
+        path.mkdir()
+    elif shape == "dangling-symlink":
+        os.symlink(tmp / "rotated-away.log", path)
+    elif shape == "unreadable":
+        path.write_text("[1.0] NVRM: Xid (PCI:0000:86:00): 48, pid=1, name=x, DBE\n")
+        path.chmod(0)
+    elif shape == "device":
+        os.symlink(os.devnull, path)
+    elif shape == "fifo-without-writer":
+        os.mkfifo(path)
+    elif shape == "empty-file":
+        path.write_bytes(b"")
+    elif shape == "blank-lines-only":
+        path.write_bytes(b"\n  \n\t\n")
+    else:
+        raise ValueError(shape)
+    return path
+
+
+def deny_open(monkeypatch, path: Path) -> None:
+    """open(2) of ``path`` fails with EACCES, as it does for a reader without permission; every
+    other open goes through. Root reads a mode-000 file anyway, so the refusal is made here."""
+    real_open = os.open
+    denied = os.fspath(path)
+
+    def fake_open(file, flags, *args, **kwargs):
+        if os.fspath(file) == denied:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), denied)
+        return real_open(file, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", fake_open)
+
+
+def unreadable_needs_faking() -> bool:
+    return os.geteuid() == 0

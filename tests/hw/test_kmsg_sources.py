@@ -166,6 +166,17 @@ def test_device_other_io_errors_propagate() -> None:
     assert info.value.errno == errno.EIO
 
 
+def test_device_io_error_after_records_hands_them_out_first() -> None:
+    src = KmsgDeviceSource("/unused", reader=FakeKmsg([rec(1, "NVRM: Xid (PCI:0000:3b:00): 48"),
+                                                      OSError(errno.EIO, "I/O error"),
+                                                      rec(2, "after")]))
+    assert [r.seq for r in only_records(src.read_available())] == [1]
+    with pytest.raises(OSError) as info:
+        src.read_available()
+    assert info.value.errno == errno.EIO
+    assert [r.seq for r in only_records(src.read_available())] == [2]
+
+
 def test_device_fileno_and_close_delegate() -> None:
     fake = FakeKmsg()
     with KmsgDeviceSource("/unused", reader=fake) as src:
