@@ -218,8 +218,11 @@ def build_env(args: argparse.Namespace, clock=None) -> Env:
                 raise UsageError(f"--inject {exc}") from None
             host = sim.host()
             if args.kmsg:
-                raise UsageError("--kmsg cannot be combined with --simulate (the simulated node "
-                                 "has its own kernel log)")
+                # A given log replaces the simulated node's own (replaying a saved log against
+                # a profile's topology); faults that write kernel-log lines then go unread.
+                import dataclasses
+
+                host.paths = dataclasses.replace(host.paths, kmsg=args.kmsg)
             profile = sim_profile if profile_arg == "auto" else load_profile(profile_arg)
         else:
             from gpu_monitor.host import Host

@@ -46,6 +46,8 @@ from gpu_monitor.sim.spec import (
     NvSwitchSpec,
 )
 
+# The kernel release the simulated node's boot records name.
+BOOT_KERNEL = "5.15.0-1053-nvidia"
 # Bus addresses as on a real HGX H100 board (nvidia-smi -q of an 8xH100 node).
 GPU_BUSES = (0x53, 0x64, 0x75, 0x86, 0x97, 0xA8, 0xB9, 0xCA)
 NVSWITCH_BUSES = (0x05, 0x06, 0x07, 0x08)
@@ -194,7 +196,8 @@ class SimulatedNode:
 
         paths = write_tree(self.root, self.spec)
         os.makedirs(os.path.dirname(self.kmsg_path), exist_ok=True)
-        open(self.kmsg_path, "a").close()
+        if not os.path.exists(self.kmsg_path) or not os.path.getsize(self.kmsg_path):
+            self._write_boot_records()
         os.makedirs(self.bin_dir, exist_ok=True)
         try:
             from gpu_monitor.sim.tools import install_tools
@@ -236,6 +239,16 @@ class SimulatedNode:
         with open(tmp, "w") as fh:
             json.dump(state, fh, indent=1)
         os.replace(tmp, self.state_file)
+
+    def _write_boot_records(self) -> None:
+        """The first records of a real ring: the kernel's banner and its command line. A real
+        kernel log is never empty, and a scan of an empty one reads nothing (``KmsgEmpty``).
+        Their sequence numbers are 0 and 1; fault records start at 1001."""
+        lines = [(5, f"Linux version {BOOT_KERNEL} (sim@{self.spec.hostname}) #1 SMP"),
+                 (6, f"Command line: BOOT_IMAGE=/boot/vmlinuz-{BOOT_KERNEL} ro quiet")]
+        with open(self.kmsg_path, "w") as fh:
+            for seq, (priority, message) in enumerate(lines):
+                fh.write(f"{priority},{seq},0,-;{message}\n")
 
     def _append_kmsg(self, message: str, priority: int, at_s: float) -> None:
         self._seq += 1
