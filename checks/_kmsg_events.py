@@ -186,6 +186,14 @@ class UnreadLog:
                             {**(details or {}), "path": self.path, "error": self.error})
 
 
+def follower_unread(ctx: Context) -> UnreadLog | None:
+    """In the daemon: the follower's reason for not reading the log now, as an ``UnreadLog``
+    (None while it reads, and in one-shot runs, whose scan says so itself)."""
+    if ctx.kmsg_error is None:
+        return None
+    return UnreadLog(ctx.host.paths.kmsg_path, ctx.kmsg_error)
+
+
 class KernelLogScan:
     """The kernel log for a one-shot scan, read through :func:`kernel_log`.
 

@@ -36,6 +36,7 @@ from checks._kmsg_events import (
     UnreadLog,
     boot_id,
     event_time,
+    follower_unread,
     offline_aware_scan,
     record_seq,
 )
@@ -183,7 +184,8 @@ class NvSwitch(Check):
 
     def poll(self, ctx: Context) -> Sequence[Result]:
         with self._lock:
-            results = self._switch_state(ctx) + self._fabric(ctx) + self._fabric_manager(ctx)
+            results = (self._switch_state(ctx, follower_unread(ctx)) + self._fabric(ctx)
+                       + self._fabric_manager(ctx))
             return self._clear.track(ctx, results)
 
     def run(self, ctx: Context) -> Sequence[Result]:

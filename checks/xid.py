@@ -40,6 +40,7 @@ from checks._kmsg_events import (
     OpenProblems,
     boot_id,
     event_time,
+    follower_unread,
     offline_aware_scan,
     record_seq,
     reset_times,
@@ -347,6 +348,7 @@ class Xid(Check):
         watch_s = float(ctx.setting(self.name, "app_xid_window_s", DEFAULTS["app_xid_window_s"]))
         problems = self._open.current(
             ctx, lambda p: self._still_open(p, boot, now, watch_s, ctx))
+        unread = follower_unread(ctx)
         results: list[Result] = []
         for target in sorted(set(gpus) | set(problems), key=_target_order):
             index, uuid, pci = gpus.get(target, (None, None, None))
@@ -368,8 +370,9 @@ class Xid(Check):
                 results.append(repeat)
                 continue
             if index is not None:
-                results.append(self.ok(ctx, target, "no open XID problem",
-                                       {"uuid": uuid, "pci_bus_id": pci}))
+                details = {"uuid": uuid, "pci_bus_id": pci}
+                results.append(unread.result(self, ctx, target, details) if unread is not None
+                               else self.ok(ctx, target, "no open XID problem", details))
         return results
 
     def _still_open(self, prob: Mapping[str, Any], boot: str, now: datetime, watch_s: float,

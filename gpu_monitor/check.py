@@ -78,6 +78,9 @@ class Context:
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("gpu_monitor.check"))
     force: bool = False
     one_shot: bool = True  # False inside the daemon (windowed checks then use history)
+    # Inside the daemon: why its kernel-log follower is not reading now (None while it reads),
+    # so event-driven checks make no claim about a log nobody is reading.
+    kmsg_error: str | None = None
 
     def setting(self, check: str, key: str, default: Any = None) -> Any:
         """A check's setting: config ``checks.<check>.<key>`` over the profile's, else default."""

@@ -204,6 +204,7 @@ class Daemon:
         except OSError as exc:
             log.error("cannot open the kernel log %s: %s; XID detection is unknown",
                       self.ctx.host.paths.kmsg_path, exc)
+            self.ctx.kmsg_error = str(exc)
             self._report_kmsg_problem("KmsgUnavailable",
                                       f"cannot read the kernel log: {exc}")
             self.replayed.set()
@@ -258,8 +259,10 @@ class Daemon:
             items = src.read_available()
         except OSError as exc:
             log.error("kernel log read failed: %s", exc)
+            self.ctx.kmsg_error = f"read failed: {exc}"
             self._report_kmsg_problem("KmsgUnavailable", f"kernel log read failed: {exc}")
             return 0
+        self.ctx.kmsg_error = None
         store = self.ctx.store
         high = None
         if store is not None and self._boot_id:
