@@ -177,10 +177,18 @@ class Host:
 
         Every requirement is examined: one that is not applicable wins over a missing one (a
         check that does not apply to this node is not waiting for a tool). Among several of the
-        same kind, the first in name order is reported.
+        same kind, the first in name order is reported. A requirement whose probe raises (an
+        NVML that cannot list its GPUs) is no gap: the check runs and reports what it cannot
+        read as ``unknown``; the gate neither crashes its caller nor hides the error.
         """
-        gaps = [g for g in (self._unmet_one(req, ctx) for req in sorted(set(requires)))
-                if g is not None]
+        gaps = []
+        for req in sorted(set(requires)):
+            try:
+                gap = self._unmet_one(req, ctx)
+            except Exception:  # noqa: BLE001 - see above: the check's own reading reports it
+                gap = None
+            if gap is not None:
+                gaps.append(gap)
         for gap in gaps:
             if not gap.missing:
                 return gap

@@ -122,3 +122,15 @@ def test_the_torch_probe_runs_once_per_host(host_for):
     host, ctx = host_for("h100-sxm-8", "missing@node,what=torch")
     first = host.torch_runtime()
     assert host.torch_runtime() is first
+
+
+def test_a_requirement_probe_that_raises_lets_the_check_run_and_report_it(host_for):
+    from gpu_monitor.hw.nvml import NvmlError, NvmlErrorKind
+
+    host, ctx = host_for("h100-sxm-8")
+
+    def broken():
+        raise NvmlError(NvmlErrorKind.UNKNOWN, "nvmlDeviceGetCount", message="Unknown Error")
+
+    host.nvml.gpus = broken
+    assert host.requirement_gap({"gpu", "torch"}, ctx) is None
