@@ -78,6 +78,7 @@ class NvSwitch(Check):
     kinds = frozenset({Kind.BOOTSTRAP, Kind.PASSIVE})
     summary = "NVSwitch SXid errors, NVML GPU fabric state and Fabric Manager liveness"
     requires = frozenset()
+    required = True
     interval = 60.0
     timeout = 600.0
     reasons = (*(f"SXid{c}" for c in sxid_catalog().codes()), "FabricNotReady", "FabricError",

@@ -96,6 +96,7 @@ class Xid(Check):
     kinds = frozenset({Kind.BOOTSTRAP, Kind.PASSIVE})
     summary = "NVIDIA Xid errors in the kernel log, classified by the versioned XID catalog"
     requires = frozenset()
+    required = True
     interval = 30.0
     timeout = 600.0
     reasons = (*(f"Xid{c}" for c in xid_catalog().codes()), FALLEN_OFF_BUS_REASON,

@@ -284,7 +284,10 @@ def _auto_profile(host):
         {"name": "generic", "gpu": {"count": len(names)}})
 
 
-def _select_checks(env: Env, kinds, only=None, skip=()):
+def _select_checks(env: Env, kinds, only=None, skip=(), keep_disabled: bool = False):
+    """The checks to run, in suite order. Checks the config disables are left out, unless
+    ``keep_disabled`` (a bootstrap reports them; see ``disabled_by_config``). ``--checks``
+    names run whatever the config says."""
     from gpu_monitor.registry import RegistryError, all_check_classes, select
 
     classes = all_check_classes()
@@ -295,9 +298,24 @@ def _select_checks(env: Env, kinds, only=None, skip=()):
         raise UsageError(str(exc)) from None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    if not only:
+    if not only and not keep_disabled:
         chosen = [c for c in chosen if env.config.check_enabled(c.name)]
     return [c() for c in chosen]
+
+
+def disabled_by_config(env: Env, checks, only=None) -> dict[str, str]:
+    """Check name -> the config field that disables it, for the checks given (none when the
+    checks were named with ``--checks``: a named check runs)."""
+    if only:
+        return {}
+    return {c.name: env.config.disabled_by(c.name) for c in checks
+            if not env.config.check_enabled(c.name)}
+
+
+def bootstrap_suite(env: Env, kinds, only=None, skip=()):
+    """(checks in suite order, the config-disabled ones among them) for a bootstrap run."""
+    checks = _select_checks(env, kinds=kinds, only=only, skip=skip, keep_disabled=True)
+    return checks, disabled_by_config(env, checks, only)
 
 
 # --- output ---------------------------------------------------------------------------------------
@@ -367,14 +385,16 @@ class Progress:
 # --- commands --------------------------------------------------------------------------------------
 
 
-def _run(env: Env, checks, args, fail_fast: bool = False) -> int:
+def _run(env: Env, checks, args, fail_fast: bool = False, bootstrap: bool = False,
+         disabled: dict[str, str] | None = None) -> int:
     from gpu_monitor.runner import RunnerHooks, run_suite
 
     progress = Progress()
     hooks = RunnerHooks(on_start=progress.start, on_done=progress.done)
     env.host.start(env.clock)
     _, report = run_suite(checks, env.context(force=getattr(args, "force", False)),
-                          fail_fast=fail_fast, hooks=hooks)
+                          fail_fast=fail_fast, hooks=hooks, bootstrap=bootstrap,
+                          disabled=disabled)
     emit(report, args.output)
     return report.exit_code
 
@@ -382,9 +402,10 @@ def _run(env: Env, checks, args, fail_fast: bool = False) -> int:
 def cmd_bootstrap(args) -> int:
     env = build_env(args)
     try:
-        checks = _select_checks(env, kinds={Kind.BOOTSTRAP, Kind.PASSIVE},
-                                only=_split(args.checks), skip=_split(args.skip))
-        return _run(env, checks, args, fail_fast=args.fail_fast)
+        checks, disabled = bootstrap_suite(env, kinds={Kind.BOOTSTRAP, Kind.PASSIVE},
+                                           only=_split(args.checks), skip=_split(args.skip))
+        return _run(env, checks, args, fail_fast=args.fail_fast, bootstrap=True,
+                    disabled=disabled)
     finally:
         env.close()
 
@@ -414,10 +435,12 @@ def cmd_list_checks(args) -> int:
     if args.output == "json":
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"{'NAME':<16} {'KINDS':<28} {'ENABLED':<8} {'REQUIRES':<22} SUMMARY")
+    print(f"{'NAME':<16} {'KINDS':<28} {'ENABLED':<8} {'REQUIRED':<9} {'REQUIRES':<22} "
+          "SUMMARY")
     for d in rows:
         print(f"{d['name']:<16} {','.join(d['kinds']):<28} {'yes' if d['enabled'] else 'no':<8} "
-              f"{','.join(d['requires']) or '-':<22} {d['summary']}")
+              f"{'yes' if d['required'] else 'no':<9} {','.join(d['requires']) or '-':<22} "
+              f"{d['summary']}")
     return 0
 
 

@@ -175,6 +175,18 @@ class Config:
             return name in self.enabled_checks
         return default
 
+    def disabled_by(self, name: str) -> str:
+        """The field that disables check ``name`` (as ``check_enabled`` decides), for reports
+        that say why a check did not run; empty when it is enabled."""
+        if name in self.disabled_checks:
+            return f"disabled_checks[{self.disabled_checks.index(name)}]"
+        explicit = (self.checks.get(name) or {}).get("enabled")
+        if explicit is not None:
+            return "" if explicit else f"checks.{name}.enabled: false"
+        if self.enabled_checks is not None and name not in self.enabled_checks:
+            return "not in enabled_checks"
+        return ""
+
     def check_observe_only(self, name: str) -> bool:
         """Observe-only checks are stored and exported but never drive remediation."""
         return bool((self.checks.get(name) or {}).get("observe_only", False))

@@ -433,29 +433,46 @@ def _node_client_factory(env, remediator):
     return make
 
 
-def _bootstrap_gate_thread(env, daemon: Daemon, remediator) -> threading.Thread | None:
-    """Runs the bootstrap suite in the background until the node has a recorded pass."""
-    from gpu_monitor.cli import _select_checks
+def active_runtime_missing(env) -> str:
+    """What this image lacks to run the active checks on this node ("" when nothing): the
+    requirement gate's answer for torch (the passive image has none; a CPU-only torch on a GPU
+    node has no CUDA). On a node whose profile expects no GPU nothing is lacking."""
+    gap = env.host.requirement_gap({"torch"}, env.context())
+    return gap.message if gap is not None and gap.missing else ""
+
+
+def make_bootstrap_gate(env, node_client):
+    """The provisioning gate over this node's bootstrap suite: every bootstrap check in suite
+    order, run as a bootstrap (required checks cannot be skipped for a missing tool; checks the
+    config disables are reported), and never lifting the taint from an image without the
+    active runtime (bootstrap_gate.py, contract 5)."""
+    from gpu_monitor.cli import bootstrap_suite
     from gpu_monitor.remediate.bootstrap_gate import BootstrapGate
     from gpu_monitor.runner import run_suite
 
-    if not env.config.daemon.bootstrap_on_start:
-        return None
-    checks = _select_checks(env, kinds={Kind.BOOTSTRAP})
+    checks, disabled = bootstrap_suite(env, kinds={Kind.BOOTSTRAP})
 
     def suite():
-        _, report = run_suite(checks, env.context(force=False))
+        _, report = run_suite(checks, env.context(force=False), bootstrap=True,
+                              disabled=disabled)
         return report
 
-    gate = BootstrapGate(env.store, suite, env.clock,
-                         node_client=_node_client_factory(env, remediator),
+    return BootstrapGate(env.store, suite, env.clock, node_client=node_client,
                          dry_run=env.config.remediation.dry_run,
-                         retry_s=env.config.daemon.bootstrap_retry_s)
+                         retry_s=env.config.daemon.bootstrap_retry_s,
+                         active_runtime=lambda: active_runtime_missing(env))
+
+
+def _bootstrap_gate_thread(env, daemon: Daemon, remediator) -> threading.Thread | None:
+    """Runs the bootstrap suite in the background until the node has a recorded pass."""
+    if not env.config.daemon.bootstrap_on_start:
+        return None
+    gate = make_bootstrap_gate(env, _node_client_factory(env, remediator))
 
     def loop() -> None:
         while not daemon.stop_event.is_set():
             try:
-                if gate.step() == "passed":
+                if gate.step() in ("passed", "blocked"):
                     return
             except Exception as exc:  # noqa: BLE001 - retried after the retry period
                 log.error("bootstrap gate error: %s", exc, exc_info=True)

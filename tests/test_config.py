@@ -347,3 +347,15 @@ def test_missing_file_and_directory_are_config_errors(tmp_path):
 def test_all_problems_are_reported_together(tmp_path):
     err = _error(tmp_path, "log_level: loud\nexpected_gpus: x\nremediation: {dryrun: 1}\n")
     assert {p for p, _ in err.problems} == {"log_level", "expected_gpus", "remediation.dryrun"}
+
+
+def test_disabled_by_names_the_field_that_disables_a_check(tmp_path):
+    c = _load(tmp_path, "disabled_checks: [xid, temperature]\nchecks:\n  pcie: {enabled: false}\n")
+    assert c.disabled_by("temperature") == "disabled_checks[1]"
+    assert c.disabled_by("pcie") == "checks.pcie.enabled: false"
+    assert c.disabled_by("burn_in") == ""
+    only = _load(tmp_path, "enabled_checks: [inventory]\n")
+    assert only.disabled_by("burn_in") == "not in enabled_checks"
+    assert only.disabled_by("inventory") == ""
+    for name in ("xid", "temperature", "pcie", "burn_in"):
+        assert bool(c.disabled_by(name)) == (not c.check_enabled(name))

@@ -409,6 +409,9 @@ COMMON_CHECK_KEYS: dict[str, Spec] = {
     "interval_s": _POS,
     "timeout_s": _POS,
     "warning_band": _FRACTION,
+    # Whether a bootstrap must run the check (over its declaration, Check.required): a SKU
+    # without DCGM support says ``checks.dcgm_diag.required: false``.
+    "required": Bool(),
 }
 
 # Per-check settings (profile ``checks.<name>.<key>``); docs/configuration.md lists each one.

@@ -82,7 +82,7 @@ class Fault:
 @dataclass(frozen=True)
 class FaultKind:
     name: str
-    target: str  # "gpu", "ib", "nvswitch"
+    target: str  # "gpu", "ib", "nvswitch", "node"
     params: tuple[str, ...]
     summary: str
     apply: Callable[[NodeSpec, Fault], None]
@@ -95,8 +95,10 @@ _TARGET_RES = {
     "gpu": re.compile(r"^gpu:\d+$"),
     "ib": re.compile(r"^ib:[A-Za-z0-9_\-]+:\d+$"),
     "nvswitch": re.compile(r"^nvswitch:\d+$"),
+    "node": re.compile(r"^node$"),
 }
-_TARGET_EXAMPLES = {"gpu": "gpu:3", "ib": "ib:mlx5_0:1", "nvswitch": "nvswitch:0"}
+_TARGET_EXAMPLES = {"gpu": "gpu:3", "ib": "ib:mlx5_0:1", "nvswitch": "nvswitch:0",
+                    "node": "node"}
 
 
 # --- kernel-log lines, in the real NVRM/nvswitch formats ------------------------------------------
@@ -304,6 +306,22 @@ def _ib_bw(spec: NodeSpec, f: Fault) -> None:
     p.loopback_gbit = f.float("gbit")
 
 
+# What ``missing@node`` can take away: the image's tools and runtimes, not hardware.
+MISSING = ("dcgmi", "nv-hostengine", "ib_write_bw", "torch")
+
+
+def _missing(spec: NodeSpec, f: Fault) -> None:
+    what = f.choice("what", MISSING)
+    if what == "dcgmi":
+        spec.dcgmi_installed = False
+    elif what == "nv-hostengine":
+        spec.dcgm_available = False
+    elif what == "ib_write_bw":
+        spec.perftest_available = False
+    else:
+        spec.torch_available = False
+
+
 NVML_ERRORS = ("GpuIsLost", "NotSupported", "Unknown", "NoPermission", "Timeout",
                "InvalidArgument", "Uninitialized", "DriverNotLoaded", "InsufficientResources")
 
@@ -349,6 +367,7 @@ _EXAMPLES = {
     'ib-bw': 'ib-bw@ib:mlx5_1:1,gbit=100',
     'nvml-error': 'nvml-error@gpu:2,call=nvmlDeviceGetTemperature,error=Unknown',
     'gpu-process': 'gpu-process@gpu:0,pid=1234',
+    'missing': 'missing@node,what=dcgmi',
 }
 
 KINDS: dict[str, FaultKind] = {
@@ -396,6 +415,10 @@ KINDS: dict[str, FaultKind] = {
                   _nvml_error),
         FaultKind("gpu-process", "gpu", ("pid", "name", "mib"),
                   "a foreign process holds the GPU", _gpu_process),
+        FaultKind("missing", "node", ("what",),
+                  "the image lacks a tool or runtime: dcgmi, nv-hostengine (DCGM's host "
+                  "engine not running), ib_write_bw (perftest), torch (the passive image)",
+                  _missing),
     )
 }
 

@@ -10,7 +10,9 @@ renders it:
 - fake ``dcgmi`` / ``ib_write_bw`` executables (sim/tools.py) printing the recorded real formats
   with the simulated values, found first on the command runner's PATH;
 - a fault file read by the simulated device worker (sim/worker.py) for ``slow``,
-  ``wrong-results`` and ``sdc``.
+  ``wrong-results`` and ``sdc``;
+- for ``missing@node,what=torch``, an interpreter without site-packages handed to the workers
+  (``WorkerSettings.python``): the passive image, as the requirement gate and the workers see it.
 
 Faults that unfold over time (``after=``/``for=``) are applied by ``advance(elapsed_s)``, which a
 ticker thread drives from the daemon's clock, so an injected fake clock makes ten minutes pass in
@@ -205,13 +207,30 @@ class SimulatedNode:
             install_tools = None
         if install_tools is not None:
             wanted = []
-            if self.spec.dcgm_available and self.spec.gpus:
+            if self.spec.dcgmi_installed and self.spec.gpus:
                 wanted.append("dcgmi")
             if self.spec.perftest_available and self.spec.ib_ports:
                 wanted.append("ib_write_bw")
             install_tools(self.bin_dir, self.state_file, only=tuple(wanted))
+        if not self.spec.torch_available:
+            self._write_passive_python()
         self._write_state()
         return dataclasses.replace(paths, kmsg=self.kmsg_path)
+
+    @property
+    def passive_python(self) -> str:
+        return os.path.join(self.root, "opt", "passive-image", "bin", "python3")
+
+    def _write_passive_python(self) -> None:
+        """The passive image's interpreter: this Python without its site-packages, so torch
+        cannot be imported (nothing is uninstalled; the workers are handed this interpreter
+        through ``WorkerSettings.python``, the seam the requirement gate asks)."""
+        import sys
+
+        os.makedirs(os.path.dirname(self.passive_python), exist_ok=True)
+        with open(self.passive_python, "w") as fh:
+            fh.write(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
+        os.chmod(self.passive_python, 0o755)
 
     def _write_state(self) -> None:
         """The JSON the fake tools and the simulated device worker read."""
@@ -362,6 +381,7 @@ class SimulatedNode:
                 env={"GPU_MONITOR_SIM_STATE": self.state_file},
                 fault_file=self.state_file,
                 device_count=len([g for g in self.spec.gpus if not g.missing]),
+                python=None if self.spec.torch_available else self.passive_python,
             ),
             description=f"simulated:{self.spec.profile}",
         )

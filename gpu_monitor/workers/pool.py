@@ -492,7 +492,7 @@ class WorkerPool:
                  poll_s: float = 0.01, sequential: bool | None = None,
                  sequential_rounds: int = 3, fork_server: bool | None = None):
         self.settings = settings or WorkerSettings()
-        self.python = python or sys.executable
+        self.python = python or self.settings.python or sys.executable
         self.poll_s = poll_s
         # CPU workers fork from a per-run server that imported torch once; CUDA workers are
         # fresh interpreters (no CUDA state can leak through a fork).
