@@ -45,6 +45,16 @@ class Want:
     message: str
 
 
+def until(predicate, timeout: float = 10.0) -> None:
+    """Wait for a condition another thread (the fake's controllers) brings about."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
 @pytest.fixture
 def fake():
     server = FakeApiServer().start()
@@ -152,7 +162,8 @@ def test_taint_value_follows_the_most_severe_reason_and_only_ours_is_removed(fak
                                             "effect": "NoSchedule"}]
     view, uncordoned = node.release(T0)
     assert uncordoned and not view.unschedulable
-    assert fake.node(NODE)["spec"]["taints"] == [other]
+    # the node lifecycle controller drops its unschedulable taint asynchronously
+    until(lambda: fake.node(NODE)["spec"]["taints"] == [other])
     assert not any(k.startswith("gpu-monitor.io/") and k != "gpu-monitor.io/state"
                    for k in fake.node(NODE)["metadata"]["annotations"])
 
