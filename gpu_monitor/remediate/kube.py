@@ -12,8 +12,12 @@ semantics that matter on a real cluster (research/k8s_remediation.md, SPEC-REMED
    (reason, time, whether the node was already cordoned, the taint we applied) is written in
    the same guarded JSON patch as the taint; the cordon is kubectl's strategic-merge patch
    ``{"spec":{"unschedulable":true}}`` carrying our ``cordoned-at`` annotation in the same
-   request. So we can always tell our cordon from a human's, and a human's uncordon or untaint
-   afterwards is detected, recorded and respected.
+   request, and the ``metadata.resourceVersion`` it was decided on, which the API server
+   enforces as a precondition (409 Conflict: re-read, decide again). So an operator's cordon
+   that lands between our record and our cordon stays theirs (a cordon without our
+   ``cordoned-at`` is someone else's, whenever it appeared: the record says pre-existing), our
+   uncordon is conditional the same way, and a human's uncordon or untaint afterwards is
+   detected, recorded and respected.
 3. **Conditions merge by type.** ``PATCH nodes/<n>/status`` as a strategic-merge patch touches
    only our condition types (kubelet's ``Ready`` survives). ``lastTransitionTime`` moves only
    when status or reason changes; ``lastHeartbeatTime`` on every write; a write happens only on
@@ -592,6 +596,31 @@ class NodeClient:
         raise KubeError(409, "Conflict", f"node {self.node} kept changing; gave up after "
                                          f"{self.conflict_retries} attempts")
 
+    def _guarded_merge(self, build: Callable[[NodeView], dict | None],
+                       view: NodeView | None = None) -> tuple[NodeView, bool]:
+        """Apply the strategic-merge patch ``build(view)`` only to the node as ``view`` saw it:
+        the patch carries that ``metadata.resourceVersion``, which the API server takes as a
+        precondition (409 Conflict when the node changed since). On 409 re-read and rebuild,
+        so the decision is made again on what is there now. None = nothing to do.
+        (view, whether a patch was applied)."""
+        for _ in range(self.conflict_retries):
+            view = view or self.read()
+            body = build(view)
+            if not body:
+                return view, False
+            meta = dict(body.get("metadata") or {})
+            meta["resourceVersion"] = view.resource_version
+            try:
+                return self._seen(self.kube.patch_node(self.node,
+                                                       {**body, "metadata": meta})), True
+            except KubeError as err:
+                if err.status != 409:
+                    raise
+                log.debug("node %s changed since it was read (409); re-reading", self.node)
+                view = None
+        raise KubeError(409, "Conflict", f"node {self.node} kept changing; gave up after "
+                                         f"{self.conflict_retries} attempts")
+
     @staticmethod
     def _map_ops(view_map: Mapping[str, str], root: str, set_: Mapping[str, str | None],
                  ) -> list[dict]:
@@ -645,6 +674,11 @@ class NodeClient:
                 updates[ANNOTATIONS.SINCE] = iso(now)
                 updates[ANNOTATIONS.PRE_EXISTING] = "true" if view.unschedulable else "false"
                 updates[ANNOTATIONS.DRAIN] = "pending"
+            elif view.unschedulable and not view.cordoned_by_us \
+                    and ann.get(ANNOTATIONS.PRE_EXISTING) != "true":
+                # cordoned after our record, but not by us (an operator between our record and
+                # our cordon, or while we were down): it is theirs, as a pre-existing one is
+                updates[ANNOTATIONS.PRE_EXISTING] = "true"
             if ann.get(ANNOTATIONS.REASON) != reason:
                 updates[ANNOTATIONS.REASON] = reason
             if view.cordoned_by_us and not view.unschedulable \
@@ -668,20 +702,43 @@ class NodeClient:
                     + self._map_ops(view.labels, "labels", labels) + taint_ops)
 
         view = self._guarded(build, view)
-        pre = view.annotations.get(ANNOTATIONS.PRE_EXISTING) == "true"
         cordoned = False
-        if cordon and not view.unschedulable and not pre \
-                and ANNOTATIONS.UNCORDONED_MANUALLY not in view.annotations:
-            view = self.cordon(now)
-            cordoned = True
+        if cordon:
+            stamp = iso(now)
+
+            def cordon_body(v: NodeView) -> dict | None:
+                ann = v.annotations
+                if v.unschedulable or ann.get(ANNOTATIONS.PRE_EXISTING) == "true" \
+                        or ANNOTATIONS.UNCORDONED_MANUALLY in ann:
+                    return None
+                return self._cordon_body(stamp)
+
+            tried = cordon_body(view) is not None
+            view, _ = self._guarded_merge(cordon_body, view)
+            # ours if our stamp is on it (also when a retry of a cordon that landed hit 409)
+            cordoned = tried and view.unschedulable \
+                and view.annotations.get(ANNOTATIONS.CORDONED) == stamp
+            if view.unschedulable and not view.cordoned_by_us \
+                    and view.annotations.get(ANNOTATIONS.PRE_EXISTING) != "true":
+                view = self._guarded(build, view)  # someone else's cordon won the race
+        pre = view.annotations.get(ANNOTATIONS.PRE_EXISTING) == "true"
         return QuarantineOutcome(view, pre, cordoned, flags["tainted"],
                                  flags["human_uncordoned"], flags["human_untainted"])
 
-    def cordon(self, now: datetime) -> NodeView:
-        """kubectl's cordon patch, plus our ``cordoned-at`` annotation in the same request."""
-        body = {"metadata": {"annotations": {ANNOTATIONS.CORDONED: iso(now)}},
+    @staticmethod
+    def _cordon_body(stamp: str) -> dict:
+        return {"metadata": {"annotations": {ANNOTATIONS.CORDONED: stamp}},
                 "spec": {"unschedulable": True}}
-        return self._seen(self.kube.patch_node(self.node, body))
+
+    def cordon(self, now: datetime, view: NodeView | None = None) -> NodeView:
+        """kubectl's cordon patch, plus our ``cordoned-at`` annotation in the same request,
+        conditional on the resourceVersion of ``view`` (default: the last one seen, else a
+        fresh read). A node found cordoned - before, or by someone else meanwhile - is left
+        as it is: ``cordoned_by_us`` on the returned view says whose the cordon is."""
+        stamp = iso(now)
+        return self._guarded_merge(
+            lambda v: None if v.unschedulable else self._cordon_body(stamp),
+            view or self.view)[0]
 
     def set_state_label(self, state: str, *, extra: Mapping[str, str | None] = (),
                         annotations: Mapping[str, str | None] = (), fresh: bool = False
@@ -705,15 +762,16 @@ class NodeClient:
     def release(self, now: datetime, *, state: str = "healthy") -> tuple[NodeView, bool]:
         """Return to service: uncordon only our own cordon (never a pre-existing one or one a
         human took over), then remove only our taint and our records. (view, uncordoned)."""
-        view = self.read()
-        ann = view.annotations
-        uncordoned = False
-        if view.cordoned_by_us and view.unschedulable and ann.get(ANNOTATIONS.PRE_EXISTING) != "true" \
-                and ANNOTATIONS.UNCORDONED_MANUALLY not in ann:
-            body = {"metadata": {"annotations": {ANNOTATIONS.CORDONED: None}},
+        def uncordon_body(v: NodeView) -> dict | None:
+            ann = v.annotations
+            if not (v.cordoned_by_us and v.unschedulable) \
+                    or ann.get(ANNOTATIONS.PRE_EXISTING) == "true" \
+                    or ANNOTATIONS.UNCORDONED_MANUALLY in ann:
+                return None
+            return {"metadata": {"annotations": {ANNOTATIONS.CORDONED: None}},
                     "spec": {"unschedulable": None}}
-            view = self._seen(self.kube.patch_node(self.node, body))
-            uncordoned = True
+
+        view, uncordoned = self._guarded_merge(uncordon_body, self.read())
 
         def build(v: NodeView) -> list[dict]:
             drop = {k: None for k in (*ANNOTATIONS.OWNED, ANNOTATIONS.RELEASE_REQUESTED,
