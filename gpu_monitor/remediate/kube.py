@@ -23,7 +23,8 @@ semantics that matter on a real cluster (research/k8s_remediation.md, SPEC-REMED
    when status or reason changes; ``lastHeartbeatTime`` on every write; a write happens only on
    a change or when the heartbeat is due; at start the existing conditions are read back, never
    reset.
-4. **Writes are rate-limited** (token bucket) and **only on change**; Events are deduplicated.
+4. **Writes are rate-limited** (token bucket) and **only on change**; Events are deduplicated
+   and delivered from a bounded queue that never holds up the node's steps (events.py).
 5. **Transient failures are retried** (connection refused/reset, timeouts, 429/5xx on
    idempotent requests) with backoff and jitter until a deadline, then ``KubeUnavailable``.
    Evictions are never retried on an HTTP status here: 429/500/403 mean something specific to
@@ -38,6 +39,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import secrets
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +48,8 @@ from typing import Any
 
 from gpu_monitor.clock import Clock
 from gpu_monitor.model import iso, parse_iso
+from gpu_monitor.remediate.events import CAPACITY as EVENT_QUEUE_CAPACITY
+from gpu_monitor.remediate.events import Attempt, Delivery, EventQueue
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +64,7 @@ __all__ = [
     "RBAC_RULES",
     "Kube",
     "KubeError",
+    "KubeThrottled",
     "KubeUnavailable",
     "NodeClient",
     "NodeView",
@@ -74,6 +79,7 @@ GPU_NODE_SELECTOR = "nvidia.com/gpu.present=true"
 METADATA_LIST_ACCEPT = ("application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,"
                         "application/json")
 HEARTBEAT_S = 300.0  # node-problem-detector's default condition heartbeat
+EVENT_TIMEOUT = (5.0, 10.0)  # connect, read: one Event attempt (the queue retries)
 
 PREFIX = "gpu-monitor.io/"
 LABEL_STATE = PREFIX + "state"
@@ -139,8 +145,12 @@ class KubeError(Exception):
 class KubeUnavailable(KubeError):
     """The API server could not be reached (or kept failing) until the retry deadline."""
 
-    def __init__(self, message: str):
-        super().__init__(0, "Unavailable", message)
+    def __init__(self, message: str, retry_after: float = 0.0):
+        super().__init__(0, "Unavailable", message, retry_after=retry_after)
+
+
+class KubeThrottled(KubeUnavailable):
+    """A write that asked not to wait found no rate-limiter token free (nothing was sent)."""
 
 
 def load_api_client(kubeconfig: str | None = None, context: str | None = None):
@@ -170,6 +180,20 @@ class RateLimiter:
         self._tokens = float(self.burst)
         self._last = clock.monotonic()
         self._lock = threading.Lock()
+
+    def try_acquire(self, keep: int = 0) -> bool:
+        """Take one token only if one is free now and ``keep`` more stay for writes that wait;
+        never sleeps (Events use it: they must not delay the node's own writes)."""
+        if self.qps <= 0:
+            return True
+        with self._lock:
+            now = self.clock.monotonic()
+            self._tokens = min(self.burst, self._tokens + (now - self._last) * self.qps)
+            self._last = now
+            if self._tokens < 1.0 + keep:
+                return False
+            self._tokens -= 1.0
+            return True
 
     def acquire(self) -> float:
         """Take one token, sleeping until one is available; returns the seconds waited."""
@@ -249,11 +273,13 @@ class Kube:
 
     def call(self, fn: Callable[..., Any], *args: Any, write: bool = False,
              retry_statuses: frozenset[int] = RETRY_STATUSES, deadline_s: float | None = None,
-             **kwargs: Any) -> Any:
+             wait_for_token: bool = True, **kwargs: Any) -> Any:
         """Call a generated API method; the decoded JSON body (None when empty).
 
         Transport errors and ``retry_statuses`` are retried with exponential backoff and
-        jitter (at least any Retry-After) until ``deadline_s``; other errors raise KubeError.
+        jitter (at least any Retry-After) until ``deadline_s`` (0: one attempt); other errors
+        raise KubeError. A write takes a rate-limiter token first, waiting for one unless
+        ``wait_for_token`` is False (then KubeThrottled when none is free, nothing sent).
         """
         from kubernetes.client.exceptions import ApiException
 
@@ -263,8 +289,10 @@ class Kube:
         start = self.clock.monotonic()
         attempt = 0
         while True:
-            if write:
+            if write and wait_for_token:
                 self.limiter.acquire()
+            elif write and not self.limiter.try_acquire(keep=2):
+                raise KubeThrottled(f"{getattr(fn, '__name__', 'request')}: no write token free")
             try:
                 resp = fn(*args, **kwargs)
                 if write:
@@ -289,7 +317,8 @@ class Kube:
             delay = max(retry_after, min(5.0, 0.1 * 2 ** (attempt - 1)) * random.uniform(0.8, 1.2))
             if elapsed + delay > budget:
                 raise KubeUnavailable(f"{getattr(fn, '__name__', 'request')}: {why} "
-                                      f"(gave up after {attempt} attempts, {elapsed:.1f} s)")
+                                      f"(gave up after {attempt} attempts, {elapsed:.1f} s)",
+                                      retry_after)
             log.debug("kubernetes %s failed (%s); retry %d in %.2f s",
                       getattr(fn, "__name__", "request"), why, attempt, delay)
             self.clock.sleep(delay)
@@ -370,7 +399,13 @@ class Kube:
 
     # --- events, config maps, custom resources ---------------------------------------------------
 
-    def create_event(self, namespace: str, body: dict) -> dict:
+    def create_event(self, namespace: str, body: dict, *, once: bool = False) -> dict:
+        """POST a core/v1 Event. ``once``: a single attempt with a short timeout that takes a
+        write token only if one is free (the Event queue retries; see events.py)."""
+        if once:
+            return self.call(self.core.create_namespaced_event, namespace, body, write=True,
+                             deadline_s=0.0, wait_for_token=False,
+                             _request_timeout=EVENT_TIMEOUT)
         return self.call(self.core.create_namespaced_event, namespace, body, write=True)
 
     def get_configmap(self, namespace: str, name: str) -> dict | None:
@@ -537,32 +572,41 @@ class QuarantineOutcome:
 
 
 @dataclass
-class _EventMemo:
-    at: float
-    count: int = 1
-
-
-@dataclass
 class NodeClient:
-    """Every change gpu-monitor makes to its own Node, plus that node's Events."""
+    """Every change gpu-monitor makes to its own Node, plus that node's Events.
+
+    ``on_event_dropped(body, why)``: told about each Event given up on (``dropped``: the
+    queue was full; ``refused``: the API server refused it for good)."""
 
     kube: Kube
     node: str
     taint_key: str = PREFIX + "unhealthy"
     component: str = COMPONENT
     event_repeat_s: float = 600.0  # an identical Event is not sent again within this time
+    event_capacity: int = EVENT_QUEUE_CAPACITY  # Events waiting while the Events API fails
+    on_event_dropped: Callable[[Mapping[str, Any], str], None] | None = None
     heartbeat_s: float = HEARTBEAT_S
     conflict_retries: int = 10
     view: NodeView | None = None  # the node as of our last read or write
     _conds: dict[str, _Cond] | None = None
     _last_cond_write: float | None = None
-    _events: dict[tuple[str, str], _EventMemo] = field(default_factory=dict)
+    _events: EventQueue | None = None
     _uid: str = ""
     _lock: threading.RLock = field(default_factory=threading.RLock)
 
     @property
     def clock(self) -> Clock:
         return self.kube.clock
+
+    @property
+    def events(self) -> EventQueue:
+        """The queue of this node's Events not yet delivered (events.py)."""
+        if self._events is None:
+            self._events = EventQueue(self._send_event, self.clock,
+                                      capacity=self.event_capacity,
+                                      repeat_s=self.event_repeat_s,
+                                      on_drop=self.on_event_dropped)
+        return self._events
 
     def read(self) -> NodeView:
         return self._seen(self.kube.get_node(self.node))
@@ -843,33 +887,47 @@ class NodeClient:
 
     def event(self, reason: str, message: str, *, type: str = "Normal",
               now: datetime | None = None) -> bool:
-        """An Event about our Node (involvedObject = the Node); identical ones within
-        ``event_repeat_s`` are dropped. True if sent."""
-        mono = self.clock.monotonic()
-        key = (reason, message)
-        with self._lock:
-            memo = self._events.get(key)
-            if memo is not None and mono - memo.at < self.event_repeat_s:
-                memo.count += 1
-                return False
-            self._events[key] = _EventMemo(mono)
-            if len(self._events) > 512:
-                oldest = sorted(self._events.items(), key=lambda kv: kv[1].at)[:256]
-                for k, _ in oldest:
-                    self._events.pop(k, None)
+        """Queue an Event about our Node (involvedObject = the Node) and try to deliver what
+        waits, without waiting (events.py). False when deduplicated: identical to one sent
+        within ``event_repeat_s``, or to one still waiting (merged into it)."""
         stamp = iso(now or self.clock.now())
+        message = message[:1024]
         body = {
             "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{self.node}.", "namespace": EVENT_NAMESPACE},
+            # our own name (client-go's is <object>.<hex>): a retry of a POST whose answer was
+            # lost is a 409 AlreadyExists, not a second Event
+            "metadata": {"name": f"{self.node[:236]}.{secrets.token_hex(8)}",
+                         "namespace": EVENT_NAMESPACE},
             "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": self.node,
                                "uid": self._uid or self.node},
-            "reason": reason, "message": message[:1024], "type": type,
+            "reason": reason, "message": message, "type": type,
             "source": {"component": self.component, "host": self.node},
             "reportingComponent": self.component, "reportingInstance": self.node,
             "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
         }
-        self.kube.create_event(EVENT_NAMESPACE, body)
-        return True
+        queued = self.events.put((reason, message), body, stamp)
+        self.events.flush()
+        return queued
+
+    def flush_events(self) -> int:
+        """Deliver waiting Events (one attempt each, never waiting); the number delivered."""
+        return self.events.flush() if self._events is not None else 0
+
+    def _send_event(self, body: Mapping[str, Any]) -> Attempt:
+        involved = body.get("involvedObject") or {}
+        if self._uid and involved.get("uid") == self.node:  # queued before the first read
+            body = {**body, "involvedObject": {**involved, "uid": self._uid}}
+        try:
+            self.kube.create_event(EVENT_NAMESPACE, dict(body), once=True)
+        except KubeThrottled as err:
+            return Attempt(Delivery.LATER, str(err))
+        except KubeError as err:
+            if err.status == 409:  # AlreadyExists: an earlier attempt landed
+                return Attempt(Delivery.SENT, str(err))
+            if err.status in (0, 429) or err.status >= 500:
+                return Attempt(Delivery.RETRY, str(err), err.retry_after)
+            return Attempt(Delivery.REFUSED, str(err))
+        return Attempt(Delivery.SENT)
 
 
 def parse_time(text: str | None) -> datetime | None:

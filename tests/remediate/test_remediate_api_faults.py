@@ -1,4 +1,4 @@
-"""Remediation under API faults: a cordon race.
+"""Remediation under API faults: a cordon race, an Events-API outage, a full Event queue.
 
 Each test makes the fake apiserver misbehave at the wire (a hook between two requests, 503s
 for as long as the injected clock says, refusals) and drives the real Remediator / NodeClient
@@ -7,13 +7,15 @@ through the real `kubernetes` client.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from remediate_helpers import (
     FakeApiServer,
     config,
+    event_reasons,
     events_for,
     kube_for,
     ok,
@@ -26,6 +28,7 @@ from remediate_helpers import (
 )
 
 from gpu_monitor.clock import FakeClock
+from gpu_monitor.model import parse_iso
 from gpu_monitor.remediate.kube import ANNOTATIONS, NodeClient
 
 NODE = "gpu-node-1"
@@ -146,3 +149,140 @@ def test_a_write_between_our_read_and_our_uncordon_makes_us_decide_again(fake):
                  if q.content_type == SMP and '"unschedulable": null' in q.body]
     assert [q.status for q in uncordons] == [409, 200]  # refused on the stale read, then redone
     assert fake.node(NODE)["metadata"]["labels"]["rack"] == "r7"
+
+
+# --- Events --------------------------------------------------------------------------------------
+
+
+def events_down_until(fake, clock, seconds: float):
+    end = clock.monotonic() + seconds
+    fault = fake.inject("POST", EVENTS_PATH, 503, times=None,
+                        active=lambda: clock.monotonic() < end)
+    return fault, end
+
+
+def test_after_a_50_s_events_outage_the_quarantined_event_is_delivered(fake, tmp_path, caplog):
+    fake.add_pod("train", "job-0", node=NODE, owner=("ReplicaSet", "job"), gpus=8,
+                 grace_period=0)
+    clock = FakeClock(T0)
+    r = remediator(fake, tmp_path, cfg=drain_only(), clock=clock)
+    r.tick()  # running, nothing to do
+    outage, end = events_down_until(fake, clock, 50.0)
+    caplog.set_level(logging.INFO, logger="gpu_monitor.remediate")
+    r.on_results([xid(79)])
+    r.tick()
+    assert outage.hits >= 1 and "Quarantined" not in event_reasons(fake, NODE)
+    for _ in range(200):  # the daemon ticks every few seconds; the clock is the test's
+        if "Quarantined" in event_reasons(fake, NODE):
+            break
+        clock.advance(5)
+        r.tick()
+    reasons = event_reasons(fake, NODE)
+    assert clock.monotonic() >= end  # delivered after the outage ...
+    assert reasons.count("Quarantined") == 1  # ... once
+    delivered = [q.json["reason"] for q in fake.requests
+                 if q.method == "POST" and q.path == EVENTS_PATH and q.status == 201]
+    assert delivered.index("Quarantined") < delivered.index("DrainSucceeded")  # in order
+    assert "Xid79" in reasons
+    assert r.node.events.pending == 0 and r.node.events.dropped == 0
+    assert outage.hits <= 10  # backed off: no hammering of a failing server
+    warned = [x for x in caplog.records if "cannot send Event" in x.getMessage()]
+    assert len(warned) == 1 and "503" in warned[0].getMessage()
+    assert any("Events delivered again" in x.getMessage() for x in caplog.records)
+
+
+def test_a_failing_events_api_does_not_hold_up_cordon_taint_and_drain(fake, tmp_path):
+    fake.add_pod("train", "job-0", node=NODE, owner=("ReplicaSet", "job"), gpus=8,
+                 grace_period=0)
+    clock = FakeClock(T0)
+    r = remediator(fake, tmp_path, cfg=drain_only(), clock=clock)
+    r.tick()
+    fake.inject("POST", EVENTS_PATH, 503, times=None)  # down for the whole test
+    fake.clear_requests()
+    start = clock.monotonic()
+    r.on_results([xid(79)])
+    r.tick()
+    node = fake.node(NODE)
+    assert node["spec"]["unschedulable"] is True and len(our_taints(node)) == 1
+    assert ann(fake)[ANNOTATIONS.DRAIN] == "succeeded" and fake.pod("train", "job-0") is None
+    seq = [(q.method, q.path, q.status) for q in fake.requests]
+    drained = next(i for i, (m, p, _) in enumerate(seq)
+                   if m == "PATCH" and p == NODE_PATH and "succeeded" in fake.requests[i].body)
+    evicted = next(i for i, (m, p, _) in enumerate(seq) if p.endswith("/eviction"))
+    tries = [i for i, (m, p, _) in enumerate(seq) if m == "POST" and p == EVENTS_PATH]
+    assert len([i for i in tries if i < drained]) == 1  # one attempt, then only queued
+    assert tries[0] < evicted  # the Quarantined Event was tried before the drain began
+    # The steps waited for no Event: the clock moved only by the drain's own polls.
+    assert clock.monotonic() - start < 5
+    assert r.node.events.pending >= 3  # Quarantined, DrainSucceeded, the Xid79 finding
+
+
+def test_the_event_queue_is_bounded_and_drops_the_oldest(fake, caplog):
+    clock = FakeClock(T0)
+    dropped = []
+    node = NodeClient(kube_for(fake, clock), NODE, event_capacity=8,
+                      on_event_dropped=lambda body, why: dropped.append((body["reason"], why)))
+    node.read()
+    outage, end = events_down_until(fake, clock, 10.0)
+    caplog.set_level(logging.INFO, logger="gpu_monitor.remediate")
+    for i in range(12):
+        assert node.event(f"Finding{i}", f"finding {i}")
+    assert node.events.pending == 8 and node.events.dropped == 4
+    assert dropped == [(f"Finding{i}", "dropped") for i in range(4)]  # the oldest four
+    assert len([x for x in caplog.records if "queue full" in x.getMessage()]) == 1
+    clock.advance(end - clock.monotonic() + 40)
+    assert node.flush_events() == 8
+    delivered = [q.json["reason"] for q in fake.requests
+                 if q.method == "POST" and q.path == EVENTS_PATH and q.status == 201]
+    assert delivered == [f"Finding{i}" for i in range(4, 12)]  # oldest first
+    assert any("4 dropped meanwhile" in x.getMessage() for x in caplog.records)
+
+
+def test_an_identical_event_while_waiting_merges_and_counts(fake):
+    clock = FakeClock(T0)
+    node = NodeClient(kube_for(fake, clock), NODE)
+    node.read()
+    _, end = events_down_until(fake, clock, 5.0)
+    assert node.event("Xid79", "gpu:3", type="Warning")
+    clock.advance(1)
+    assert not node.event("Xid79", "gpu:3", type="Warning")  # merged into the waiting one
+    clock.advance(end - clock.monotonic() + 30)
+    assert node.flush_events() == 1
+    (ev,) = events_for(fake, NODE)
+    assert ev["count"] == 2 and parse_iso(ev["firstTimestamp"]) == T0
+    assert parse_iso(ev["lastTimestamp"]) == T0 + timedelta(seconds=1)
+    assert not node.event("Xid79", "gpu:3", type="Warning")  # sent: now the repeat window
+
+
+def test_an_event_answered_already_exists_was_delivered(fake):
+    node = NodeClient(kube_for(fake, FakeClock(T0)), NODE)
+    node.read()
+    fake.inject("POST", EVENTS_PATH, 409, reason="AlreadyExists", times=1)
+    assert node.event("Xid79", "gpu:3")
+    assert node.events.pending == 0 and node.events.sent == 1
+
+
+def test_an_event_refused_for_good_is_dropped_not_retried(fake, caplog):
+    dropped = []
+    clock = FakeClock(T0)
+    node = NodeClient(kube_for(fake, clock), NODE,
+                      on_event_dropped=lambda body, why: dropped.append(why))
+    node.read()
+    refusal = fake.inject("POST", EVENTS_PATH, 403, times=None)
+    for i in range(3):
+        node.event("Xid79", f"gpu:{i}")
+    clock.advance(600)
+    node.flush_events()
+    assert refusal.hits == 3 and node.events.pending == 0 and node.events.refused == 3
+    assert dropped == ["refused"] * 3
+    assert len([x for x in caplog.records if "refused Event" in x.getMessage()]) == 1
+
+
+def test_a_dropped_event_is_counted_as_an_action(fake, tmp_path):
+    r = remediator(fake, tmp_path, clock=FakeClock(T0))
+    r.tick()
+    fake.inject("POST", EVENTS_PATH, 403, times=None)
+    r.on_results([xid(79)])
+    r.tick()
+    assert r.store.action_counts()[("event", "refused")] >= 2  # Quarantined, Xid79, ...
+    assert r.store.node_state().state == "reboot-required"  # the steps went on

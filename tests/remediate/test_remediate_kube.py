@@ -229,6 +229,31 @@ def test_rate_limiter_spaces_writes_after_the_burst():
     assert waits[3] == pytest.approx(0.5)
 
 
+def test_try_acquire_never_sleeps_and_keeps_tokens_for_writes_that_wait():
+    clock = FakeClock()
+    rl = RateLimiter(qps=1.0, burst=4, clock=clock)
+    assert [rl.try_acquire(keep=2) for _ in range(3)] == [True, True, False]
+    assert clock.monotonic() == 1000.0  # never slept
+    assert rl.acquire() == 0.0 and rl.acquire() == 0.0  # the kept tokens
+    clock.advance(3)
+    assert rl.try_acquire(keep=2)
+
+
+def test_an_event_with_no_write_token_free_waits_without_delaying_anything(fake):
+    clock = FakeClock(T0)
+    kube = kube_for(fake, clock, qps=1.0)
+    kube.limiter = RateLimiter(1.0, 3, clock)
+    node = NodeClient(kube, NODE)
+    node.read()
+    kube.patch_node(NODE, {"metadata": {"labels": {"a": "1"}}})  # the node's own writes
+    assert node.event("Xid79", "gpu:3")
+    assert node.events.pending == 1 and clock.monotonic() == 1000.0  # queued, no sleep
+    assert not node.events.backing_off  # no token is not a failure
+    assert [q for q in fake.requests if q.method == "POST"] == []
+    clock.advance(5)
+    assert node.flush_events() == 1 and node.events.pending == 0
+
+
 def test_rate_limited_writes_under_a_burst_of_changes(fake):
     clock = FakeClock()
     kube = kube_for(fake, clock, qps=5.0)
