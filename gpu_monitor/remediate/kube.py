@@ -63,12 +63,14 @@ __all__ = [
     "METADATA_LIST_ACCEPT",
     "RBAC_RULES",
     "Kube",
+    "KubeConfigError",
     "KubeError",
     "KubeThrottled",
     "KubeUnavailable",
     "NodeClient",
     "NodeView",
     "RateLimiter",
+    "kubeconfig_factory",
     "load_api_client",
 ]
 
@@ -153,6 +155,10 @@ class KubeThrottled(KubeUnavailable):
     """A write that asked not to wait found no rate-limiter token free (nothing was sent)."""
 
 
+class KubeConfigError(ValueError):
+    """A kubeconfig (``--kubeconfig`` / ``--context``) that cannot be used; says why."""
+
+
 def load_api_client(kubeconfig: str | None = None, context: str | None = None):
     """A ``kubernetes.client.ApiClient``: in-cluster config first (the DaemonSet), else the
     kubeconfig (an operator's workstation)."""
@@ -168,6 +174,57 @@ def load_api_client(kubeconfig: str | None = None, context: str | None = None):
     config.load_kube_config(config_file=kubeconfig, context=context,
                             client_configuration=cfg)
     return client.ApiClient(cfg)
+
+
+def kubeconfig_factory(kubeconfig: str | None, context: str | None = None
+                       ) -> Callable[[], Any]:
+    """A factory of ``ApiClient``s for the daemon's ``--kubeconfig``/``--context`` (a daemon
+    outside a cluster), checked now so a bad file fails the start instead of the first
+    remediation tick. ``kubeconfig`` None: ``$KUBECONFIG``, else ``~/.kube/config`` (the
+    client's own default). Raises KubeConfigError saying what is wrong; never anything else."""
+    import os
+    from urllib.parse import urlsplit
+
+    from kubernetes import client, config
+
+    if kubeconfig is not None and not os.path.isfile(kubeconfig):
+        why = "is a directory" if os.path.isdir(kubeconfig) else "no such file"
+        raise KubeConfigError(f"{kubeconfig}: {why}")
+    cfg = client.Configuration()
+    try:
+        config.load_kube_config(config_file=kubeconfig, context=context,
+                                client_configuration=cfg, persist_config=False)
+        if kubeconfig is not None:
+            _check_user(kubeconfig, context)
+    except KubeConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the client raises many kinds on a bad file
+        text = " ".join(str(exc).split())[:300] or type(exc).__name__
+        if isinstance(exc, (TypeError, AttributeError, KeyError, ValueError)):
+            text = f"not a kubeconfig (a YAML map of clusters, contexts, users): {text}"
+        raise KubeConfigError(f"{kubeconfig or 'the default kubeconfig'}: {text}") from None
+    url = urlsplit(cfg.host or "")
+    if url.scheme not in ("http", "https") or not url.netloc:
+        raise KubeConfigError(f"{kubeconfig or 'the default kubeconfig'}: the server of "
+                              f"context {context or '(current)'} is "
+                              f"{repr(cfg.host) if cfg.host else 'missing'}, not an http(s) URL")
+    return lambda: client.ApiClient(cfg)
+
+
+def _check_user(path: str, context: str | None) -> None:
+    """The user the context names must exist (the Python client would go on anonymously;
+    kubectl's config validation refuses it: 'user "x" was not found for context "y"')."""
+    import yaml
+
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        doc = yaml.safe_load(fh)
+    name = context or doc.get("current-context")
+    ctx = next((c.get("context") or {} for c in doc.get("contexts") or []
+                if isinstance(c, dict) and c.get("name") == name), {})
+    user = ctx.get("user") if isinstance(ctx, dict) else None
+    users = {u.get("name") for u in doc.get("users") or [] if isinstance(u, dict)}
+    if user and user not in users:
+        raise KubeConfigError(f'{path}: user "{user}" was not found for context "{name}"')
 
 
 class RateLimiter:

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from remediate_helpers import (
     TAINT_KEY,
     FakeApiServer,
@@ -252,6 +254,29 @@ def test_an_event_with_no_write_token_free_waits_without_delaying_anything(fake)
     assert [q for q in fake.requests if q.method == "POST"] == []
     clock.advance(5)
     assert node.flush_events() == 1 and node.events.pending == 0
+
+
+@given(st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(["name", "server", "cluster", "user", "context", "token",
+                         "current-context", "clusters", "contexts", "users", "x"]),
+        inner, max_size=4),
+    max_leaves=12))
+@settings(deadline=None, derandomize=True, max_examples=150,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_a_kubeconfig_either_loads_or_raises_kubeconfig_error(tmp_path, doc):
+    """Whatever the file holds, nothing but KubeConfigError leaves the start-up check."""
+    import yaml
+
+    from gpu_monitor.remediate.kube import KubeConfigError, kubeconfig_factory
+
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(doc))
+    try:
+        kubeconfig_factory(str(path))
+    except KubeConfigError as exc:
+        assert str(path) in str(exc)
 
 
 def test_rate_limited_writes_under_a_burst_of_changes(fake):
