@@ -439,11 +439,15 @@ def _node_client_factory(env, remediator, kube_factory=None):
     if remediator is not None:
         return lambda: remediator.node
 
+    made = []  # one NodeClient: its Event queue outlives a failed send
+
     def make():
         from gpu_monitor.remediate.kube import Kube, NodeClient, load_api_client
 
-        api = kube_factory() if kube_factory is not None else load_api_client()
-        return NodeClient(Kube(api, env.clock), env.node)
+        if not made:
+            api = kube_factory() if kube_factory is not None else load_api_client()
+            made.append(NodeClient(Kube(api, env.clock), env.node))
+        return made[0]
 
     return make
 

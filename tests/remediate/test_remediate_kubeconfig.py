@@ -71,3 +71,23 @@ def test_a_daemon_outside_a_cluster_reaches_the_api_server_through_kubeconfig(tm
         assert [t["value"] for t in our_taints(node)] == ["Xid79"]
         assert any(q.path == f"/api/v1/nodes/{NODE}" and q.method == "PATCH"
                    for q in server.requests)
+
+
+def test_the_bootstrap_gates_node_client_is_made_once_through_the_kubeconfig(tmp_path):
+    """Without remediation the bootstrap gate still publishes its verdict: through the same
+    ``--kubeconfig``, and through one NodeClient whose Event queue outlives a failed send."""
+    from types import SimpleNamespace
+
+    from gpu_monitor.clock import Clock
+    from gpu_monitor.daemon import _node_client_factory
+    from gpu_monitor.remediate.kube import kubeconfig_factory
+
+    with FakeApiServer() as server:
+        server.add_node(NODE, gpus=8)
+        path = tmp_path / "kubeconfig"
+        path.write_text(yaml.safe_dump(kubeconfig(server)))
+        make = _node_client_factory(SimpleNamespace(clock=Clock(), node=NODE), None,
+                                    kubeconfig_factory(str(path)))
+        node = make()
+        assert make() is node
+        assert node.read().name == NODE and node.kube.api_client.configuration.host == server.url
