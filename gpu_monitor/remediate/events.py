@@ -186,9 +186,9 @@ class EventQueue:
                     self._waiting.pop(key, None)
                     if attempt.outcome is Delivery.SENT:
                         self._sent(key)
+                self._answered()
                 if attempt.outcome is Delivery.SENT:
                     delivered += 1
-                    self._recovered()
                 else:
                     self._refused(body, attempt)
         finally:
@@ -214,11 +214,12 @@ class EventQueue:
             log.debug("Event %s still not sent (%d failed attempts): %s; next in %.1f s",
                       body.get("reason"), self.failures, attempt.detail, delay)
 
-    def _recovered(self) -> None:
+    def _answered(self) -> None:
+        """The Events API answered (accepted or refused for good): the outage, if any, is over."""
         if not self.failures and not self._dropped_in_outage:
             return
         lost = self._dropped_in_outage
-        log.info("Events delivered again after %d failed attempt(s)%s; %d waiting",
+        log.info("the Events API answers again after %d failed attempt(s)%s; %d waiting",
                  self.failures, f", {lost} dropped meanwhile (queue full)" if lost else "",
                  self.pending)
         self.failures = 0

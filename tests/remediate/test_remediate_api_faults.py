@@ -188,7 +188,7 @@ def test_after_a_50_s_events_outage_the_quarantined_event_is_delivered(fake, tmp
     assert outage.hits <= 10  # backed off: no hammering of a failing server
     warned = [x for x in caplog.records if "cannot send Event" in x.getMessage()]
     assert len(warned) == 1 and "503" in warned[0].getMessage()
-    assert any("Events delivered again" in x.getMessage() for x in caplog.records)
+    assert any("Events API answers again" in x.getMessage() for x in caplog.records)
 
 
 def test_a_failing_events_api_does_not_hold_up_cordon_taint_and_drain(fake, tmp_path):
