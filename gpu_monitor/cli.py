@@ -126,6 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--dry-run", action="store_true",
                    help="remediation decides, logs, events and counts, but changes nothing "
                         "(config remediation.dry_run)")
+    d.add_argument("--kubeconfig", metavar="FILE",
+                   help="reach the API server through this kubeconfig (a daemon outside a "
+                        "cluster; default: in-cluster config, else $KUBECONFIG, else "
+                        "~/.kube/config)")
+    d.add_argument("--context", metavar="NAME", help="kubeconfig context (default: current)")
     d.set_defaults(func=cmd_daemon)
 
     from gpu_monitor.remediate.cli import register as register_remediation

@@ -403,7 +403,24 @@ def build_registry(daemon: Daemon, store, check_classes, clock, extra=()):
     return registry
 
 
-def _remediator(env, checks_for_retest):
+def _kube_factory(args):
+    """``--kubeconfig``/``--context``, checked at start (a bad one exits 2 naming the flag);
+    None: in-cluster config, else $KUBECONFIG / ~/.kube/config, when first needed."""
+    from gpu_monitor.cli import UsageError
+
+    path, context = getattr(args, "kubeconfig", None), getattr(args, "context", None)
+    if not path and not context:
+        return None
+    from gpu_monitor.remediate.kube import KubeConfigError, kubeconfig_factory
+
+    try:
+        return kubeconfig_factory(path, context)
+    except KubeConfigError as exc:
+        flag = "--kubeconfig" if path else f"--context {context}"
+        raise UsageError(f"{flag} {exc}") from None
+
+
+def _remediator(env, checks_for_retest, kube_factory=None):
     """The node's remediator when remediation is enabled in the config (else None)."""
     from gpu_monitor.hw.paths import DEFAULT_REPORT_DIR
     from gpu_monitor.remediate import Remediator
@@ -413,7 +430,7 @@ def _remediator(env, checks_for_retest):
     if report_dir is None and env.sim is None:
         report_dir = DEFAULT_REPORT_DIR
     return Remediator(
-        env.store, env.config, env.node, env.clock, None, env.host.runner,
+        env.store, env.config, env.node, env.clock, kube_factory, env.host.runner,
         paths=env.host.paths,
         retest=suite_retest(checks_for_retest, env.context(force=True)),
         namespace=os.environ.get("POD_NAMESPACE", "gpu-monitor"),
@@ -421,14 +438,19 @@ def _remediator(env, checks_for_retest):
     )
 
 
-def _node_client_factory(env, remediator):
+def _node_client_factory(env, remediator, kube_factory=None):
     if remediator is not None:
         return lambda: remediator.node
+
+    made = []  # one NodeClient: its Event queue outlives a failed send
 
     def make():
         from gpu_monitor.remediate.kube import Kube, NodeClient, load_api_client
 
-        return NodeClient(Kube(load_api_client(), env.clock), env.node)
+        if not made:
+            api = kube_factory() if kube_factory is not None else load_api_client()
+            made.append(NodeClient(Kube(api, env.clock), env.node))
+        return made[0]
 
     return make
 
@@ -463,11 +485,12 @@ def make_bootstrap_gate(env, node_client):
                          active_runtime=lambda: active_runtime_missing(env))
 
 
-def _bootstrap_gate_thread(env, daemon: Daemon, remediator) -> threading.Thread | None:
+def _bootstrap_gate_thread(env, daemon: Daemon, remediator,
+                           kube_factory=None) -> threading.Thread | None:
     """Runs the bootstrap suite in the background until the node has a recorded pass."""
     if not env.config.daemon.bootstrap_on_start:
         return None
-    gate = make_bootstrap_gate(env, _node_client_factory(env, remediator))
+    gate = make_bootstrap_gate(env, _node_client_factory(env, remediator, kube_factory))
 
     def loop() -> None:
         while not daemon.stop_event.is_set():
@@ -489,6 +512,7 @@ def run_daemon(env, args) -> int:
     from gpu_monitor.cli import UsageError, _select_checks, emit
     from gpu_monitor.exporter import Exporter
 
+    kube_factory = _kube_factory(args)
     if getattr(args, "dry_run", False):
         env.config = dataclasses.replace(
             env.config, remediation=dataclasses.replace(env.config.remediation, dry_run=True))
@@ -514,7 +538,7 @@ def run_daemon(env, args) -> int:
         # one-shot run would re-report the Xid that caused the quarantine).
         retest_checks = [c for c in _select_checks(env, kinds={Kind.BOOTSTRAP})
                          if c.name != "xid"]
-        remediator = _remediator(env, retest_checks)
+        remediator = _remediator(env, retest_checks, kube_factory)
         extra.append(remediation_collector(env.store))
     daemon = Daemon(checks, ctx, remediator=remediator)
     listen = args.listen or env.config.daemon.listen
@@ -532,7 +556,7 @@ def run_daemon(env, args) -> int:
              env.node, env.host.description, len(checks),
              "off" if remediator is None else
              ("dry-run" if env.config.remediation.dry_run else "on"))
-    _bootstrap_gate_thread(env, daemon, remediator)
+    _bootstrap_gate_thread(env, daemon, remediator, kube_factory)
     try:
         daemon.run()
     finally:

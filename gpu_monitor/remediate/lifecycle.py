@@ -27,6 +27,9 @@ Guarantees:
    healthy and suspect.
 5. ``on_results`` never blocks on the API server; the work happens in ``tick`` (or in the
    background thread ``start`` runs).
+6. **An Event never holds up a step**: Events wait in the node's bounded queue (events.py)
+   and are delivered as they happen when the Events API answers, else after every tick once
+   the queue's backoff allows; a dropped or refused one is counted (action ``event``).
 """
 
 from __future__ import annotations
@@ -262,8 +265,12 @@ class Remediator:
         if self._node is None:
             from gpu_monitor.remediate.kube import NodeClient
 
-            self._node = NodeClient(self.kube, self.node_name, taint_key=self.rem.taint_key)
+            self._node = NodeClient(self.kube, self.node_name, taint_key=self.rem.taint_key,
+                                    on_event_dropped=self._event_dropped)
         return self._node
+
+    def _event_dropped(self, body: Any, why: str) -> None:
+        self._record("event", why, self.clock.now(), reason=str(body.get("reason", "")))
 
     @property
     def _view(self) -> Any:
@@ -420,6 +427,17 @@ class Remediator:
                 self.last_error = str(err)
                 log.warning("remediation step on %s did not complete: %s; retrying later",
                             self.node_name, err)
+            finally:
+                self._flush_events()
+
+    def _flush_events(self) -> None:
+        """Events still waiting (the Events API failed earlier): one more try, never waiting."""
+        if self._node is None:
+            return
+        try:
+            self._node.flush_events()
+        except Exception as exc:  # noqa: BLE001 - an Event is never worth failing a tick
+            log.debug("flushing Events failed: %s", exc)
 
     def _tick(self) -> None:
         now = self.clock.now()
