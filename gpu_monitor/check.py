@@ -94,7 +94,14 @@ class Context:
         return bool(check.required) if value is None else bool(value)
 
     def setting(self, check: str, key: str, default: Any = None) -> Any:
-        """A check's setting: config ``checks.<check>.<key>`` over the profile's, else default."""
+        """A check's setting: config ``checks.<check>.<key>`` over the profile's, else default.
+
+        ``key`` must be declared for ``check`` (``profiles.declared_settings``): an undeclared
+        one raises ``UndeclaredSetting`` instead of quietly giving ``default``, because no file
+        could ever set it and its value would never have been type-checked."""
+        from gpu_monitor.profiles import setting_spec
+
+        setting_spec(check, key)
         value = self.config.check_setting(check, key)
         if value is not None:
             return value

@@ -210,13 +210,17 @@ def build_env(args: argparse.Namespace, clock=None) -> Env:
     except InjectError as exc:
         raise UsageError(f"--inject {exc}") from None
 
-    sim = None
+    sim = host = None
     profile_arg = getattr(args, "profile", None) or config.profile or "auto"
     try:
         if simulate:
             from gpu_monitor.sim.node import SimulatedNode
 
             sim_profile = load_profile(simulate)
+            # Every file is validated before the simulated node is built (a bad one costs
+            # nothing and leaves nothing behind).
+            profile = config.apply_to(
+                sim_profile if profile_arg == "auto" else load_profile(profile_arg))
             try:
                 sim = SimulatedNode(sim_profile, faults, hostname=node)
             except InjectError as exc:
@@ -228,7 +232,6 @@ def build_env(args: argparse.Namespace, clock=None) -> Env:
                 import dataclasses
 
                 host.paths = dataclasses.replace(host.paths, kmsg=args.kmsg)
-            profile = sim_profile if profile_arg == "auto" else load_profile(profile_arg)
         else:
             from gpu_monitor.host import Host
 
@@ -241,13 +244,15 @@ def build_env(args: argparse.Namespace, clock=None) -> Env:
             ) if (args.path_sysfs or args.path_procfs or args.path_dev or args.path_rootfs
                   or args.kmsg) else HostPaths()
             host = Host.real(paths)
-            profile = _auto_profile(host) if profile_arg == "auto" else load_profile(profile_arg)
-        profile = config.apply_to(profile)
+            profile = config.apply_to(
+                _auto_profile(host) if profile_arg == "auto" else load_profile(profile_arg))
         if sim is not None:
             profile = profile.for_simulation()
     except (ProfileError, ConfigError) as exc:
         if sim is not None:
             sim.close()
+        elif host is not None:
+            host.close()
         raise UsageError(str(exc)) from None
 
     state_path = getattr(args, "state", None) or config.state_path
@@ -426,14 +431,20 @@ def cmd_check(args) -> int:
 
 def cmd_list_checks(args) -> int:
     from gpu_monitor.config import ConfigError, load_config
+    from gpu_monitor.profiles import ProfileError, load_profile
     from gpu_monitor.registry import all_check_classes
 
+    classes = all_check_classes()
     try:
         config = load_config(getattr(args, "config", None))
-    except ConfigError as exc:
+        config.validate_checks([c.name for c in classes])
+        named = getattr(args, "profile", None)
+        if named and named != "auto":  # a bad --profile is an error here too, not ignored
+            config.apply_to(load_profile(named))
+    except (ConfigError, ProfileError) as exc:
         raise UsageError(str(exc)) from None
     rows = []
-    for cls in all_check_classes():
+    for cls in classes:
         d = cls.describe()
         d["enabled"] = bool(config.check_enabled(cls.name))
         rows.append(d)

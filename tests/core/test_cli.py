@@ -153,3 +153,26 @@ def test_kmsg_with_simulate_that_cannot_be_read_is_unknown(capsys, tmp_path):
     assert code == 3
     assert {(r["status"], r["reason"]) for r in results} == {("unknown", "KmsgReadError")}
     assert len(results) == 8 and "gone.log" in results[0]["message"]
+
+
+def test_list_checks_refuses_a_bad_profile_file_instead_of_ignoring_it(capsys, tmp_path):
+    bad = tmp_path / "b200.yaml"
+    bad.write_text("schema: 1\nname: b200\n")
+    code, out, err = run(capsys, "list-checks", "--profile", str(bad))
+    assert code == 2 and out == ""
+    assert f"profile {bad}: gpu: required key is missing" in err
+
+
+def test_list_checks_refuses_unknown_check_names_in_the_config(capsys, tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("disabled_checks: [xdi]\n")
+    code, _, err = run(capsys, "list-checks", "--config", str(cfg))
+    assert code == 2
+    assert "disabled_checks[0]: unknown check 'xdi' (did you mean 'xid'?)" in err
+
+
+def test_list_checks_applies_the_configs_overrides_to_the_profile(capsys, tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("profile_overrides: {nccl: {sweep_min_bytes: 4294967296}}\n")
+    code, _, err = run(capsys, "list-checks", "--config", str(cfg), "--profile", "h100-sxm-8")
+    assert code == 2 and "profile_overrides.nccl.sweep_min_bytes" in err
