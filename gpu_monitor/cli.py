@@ -134,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     from gpu_monitor.fabric.cli import register as register_fabric
 
     register_fabric(sub)
+    from gpu_monitor.state_cli import register as register_state
+
+    register_state(sub)
     return parser
 
 
@@ -245,8 +248,19 @@ def build_env(args: argparse.Namespace, clock=None) -> Env:
     state_path = getattr(args, "state", None) or config.state_path
     if not state_path:
         state_path = ":memory:" if sim is not None else DEFAULT_STATE_DB
+    command = getattr(args, "command", None)
     try:
-        store = Store.open(state_path, clock=clock)
+        # The long-running daemon may move a damaged file aside at start (state_recovery.py)
+        # rather than crash-loop; one-shot runs only report it.
+        if (command == "daemon" and not getattr(args, "once", False)
+                and config.daemon.recover_corrupt_state):
+            from gpu_monitor.state_recovery import AUTO_RECOVER_MAX_COPIES
+            from gpu_monitor.state_recovery import recover as open_or_recover
+
+            store, _ = open_or_recover(state_path, clock, by="daemon",
+                                       max_copies=AUTO_RECOVER_MAX_COPIES)
+        else:
+            store = Store.open(state_path, clock=clock)
     except PermissionError as exc:
         host.close()
         raise UsageError(f"cannot open state database {state_path}: {exc}; pass --state PATH "
