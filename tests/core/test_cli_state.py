@@ -1,5 +1,5 @@
 """``gpu-monitor state check`` and ``gpu-monitor state recover`` on real damaged files, in-process
-through ``cli.main``."""
+through ``cli.main``; and where each command keeps its state without ``--state``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_monitor.cli import main
+from gpu_monitor.cli import build_env, build_parser, main
 from gpu_monitor.state import LATEST_VERSION, RECOVER_COMMAND, Store
 from gpu_monitor.state_recovery import corrupt_copies, recoveries
 from tests.state_damage import (
@@ -146,3 +146,41 @@ def test_a_one_shot_check_on_a_damaged_file_names_the_command_and_moves_nothing(
     code, _, err = run(capsys, "check", "inventory", "--simulate", "h100-sxm-8", "--state", path)
     assert code == 2 and f"`{RECOVER_COMMAND} --state {path}`" in err
     assert_untouched(path, before)
+
+
+# --- where each command keeps its state without --state -----------------------------------------
+
+
+def _store_path(*argv: str) -> str:
+    env = build_env(build_parser().parse_args(list(argv)))
+    try:
+        return env.store.path
+    finally:
+        env.close()
+
+
+def test_one_shot_commands_keep_their_state_in_memory_unless_asked(tmp_path):
+    daemon_db = tmp_path / "daemon.db"
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(f"state_path: {daemon_db}\nlog_level: error\n")
+    sysfs, procfs = tmp_path / "sys", tmp_path / "proc"
+    sysfs.mkdir()
+    procfs.mkdir()
+    host = ["--path.sysfs", str(sysfs), "--path.procfs", str(procfs)]
+    assert _store_path("check", "inventory", *host) == ":memory:"
+    assert _store_path("bootstrap", *host, "--config", str(cfg)) == ":memory:"
+    assert _store_path("check", "inventory", "--simulate", "h100-sxm-8") == ":memory:"
+    assert not daemon_db.exists()
+    asked = str(tmp_path / "mine.db")
+    assert _store_path("check", "inventory", *host, "--state", asked) == asked
+    # The daemon keeps its history where the config (the DaemonSet's) says.
+    assert _store_path("daemon", *host, "--config", str(cfg)) == str(daemon_db)
+
+
+def test_help_says_where_each_command_keeps_its_state(capsys):
+    for command, words in (("check", "in memory"), ("bootstrap", "in memory"),
+                           ("daemon", "/var/lib/gpu-monitor/state.db")):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([command, "--help"])
+        out = " ".join(capsys.readouterr().out.split())
+        assert words in out, command
