@@ -123,6 +123,9 @@ class DaemonConfig:
     kmsg_replay: bool = True  # replay the kernel ring buffer at start-up
     bootstrap_on_start: bool = True  # run the bootstrap suite until the node has a recorded pass
     bootstrap_retry_s: float = 600.0  # retry an undecided/failed bootstrap after this long
+    # At start, move a damaged state file aside and start empty instead of exiting (the
+    # DaemonSet would crash-loop, leaving the node unmonitored); never deletes anything.
+    recover_corrupt_state: bool = True
 
 
 @dataclass(frozen=True)
@@ -337,6 +340,7 @@ CONFIG_SCHEMA = Map({
         "kmsg_replay": Bool(),
         "bootstrap_on_start": Bool(),
         "bootstrap_retry_s": SECONDS,
+        "recover_corrupt_state": Bool(),
     }),
     "remediation": Map({
         "enabled": Bool(),

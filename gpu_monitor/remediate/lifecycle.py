@@ -179,6 +179,7 @@ class _Memo:
     last_report_poll: float | None = None
     clear_since: datetime | None = None
     started: bool = False
+    recoveries_announced: bool = False
 
 
 class Remediator:
@@ -457,6 +458,8 @@ class Remediator:
             self.node.read()
             self._memo.last_sync_at = mono
             self._fresh = True
+        if not self._memo.recoveries_announced:
+            self._announce_state_recoveries()
         self._collect_reports(mono)
         if self._operator_requests(now):
             return
@@ -469,6 +472,33 @@ class Remediator:
          "replace": self._replace_state}[state](decision, now)
         self._finding_events(decision)  # after the node writes: they matter more
         self._maintain_breaker(now)
+
+    # --- state recovery ---------------------------------------------------------------------------
+
+    def _announce_state_recoveries(self) -> None:
+        """One ``StateRecovered`` Event per recovery of the state file (state_recovery.py keeps
+        the record in the fresh store; the mark that it was sent persists, so a restart does
+        not repeat it). The recovery really happened, so no ``[dry-run]`` prefix."""
+        from gpu_monitor.state_recovery import mark_announced, recoveries
+
+        for rec in recoveries(self.store):
+            if rec.announced:
+                continue
+            try:
+                sent = self.node.event(
+                    "StateRecovered",
+                    f"the state file {rec.path} was damaged ({rec.detail}) and was moved aside "
+                    f"to {rec.moved_to} at {iso(rec.at)} (by the {rec.by}); gpu-monitor started "
+                    f"an empty store: counters restart at 0, history windows start empty, the "
+                    f"bootstrap suite runs again, quarantine state comes from the node's labels",
+                    type="Warning")
+            except Exception as exc:  # noqa: BLE001 - retried on the next tick
+                log.warning("cannot send Event StateRecovered: %s", exc)
+                return
+            if not sent:
+                return  # held back as a repeat of a failed attempt: sent after the repeat window
+            mark_announced(self.store, rec.moved_to)
+        self._memo.recoveries_announced = True
 
     # --- reports and operator requests ---------------------------------------------------------
 

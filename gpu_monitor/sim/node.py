@@ -139,10 +139,16 @@ class SimulatedNode:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.faults = list(faults)
-        for fault in self.faults:
-            self._schedule(fault)
-        self.paths = self._render()
-        self.advance(0.0)
+        try:
+            for fault in self.faults:
+                self._schedule(fault)
+            self.paths = self._render()
+            self.advance(0.0)
+        except BaseException:
+            # A fault that does not fit this node (or Ctrl-C) must not leave the tree behind:
+            # nobody holds this object to close it.
+            self.close()
+            raise
 
     # --- faults ------------------------------------------------------------------------------
 
