@@ -168,7 +168,8 @@ def test_list_faults_json_lists_every_fault_kind(capsys):
     rows = json.loads(out)
     assert [r["name"] for r in rows] == list(KINDS)
     for r in rows:
-        assert r["example"].startswith(f"{r['name']}@{r['target']}:")
+        kind, target = r["example"].split(",")[0].split("@")
+        assert kind == r["name"] and target.split(":")[0] == r["target"], r
         assert set(r) == {"name", "target", "params", "timed", "example", "summary"}
     assert next(r for r in rows if r["name"] == "port-down")["timed"] is True
 
