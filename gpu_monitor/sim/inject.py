@@ -16,12 +16,14 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from gpu_monitor.model import canonical_pci
 from gpu_monitor.sim.spec import (
     CLOCK_EVENT_HW_POWER_BRAKE,
     CLOCK_EVENT_HW_SLOWDOWN,
     CLOCK_EVENT_HW_THERMAL,
     GpuSpec,
     NodeSpec,
+    SysfsOverride,
     TimedLine,
 )
 
@@ -95,8 +97,13 @@ _TARGET_RES = {
     "gpu": re.compile(r"^gpu:\d+$"),
     "ib": re.compile(r"^ib:[A-Za-z0-9_\-]+:\d+$"),
     "nvswitch": re.compile(r"^nvswitch:\d+$"),
+    "node": re.compile(r"^node$"),
+    "sysfs": re.compile(r"^(?:gpu:\d+|nvswitch:\d+|ib:[A-Za-z0-9_\-]+:\d+"
+                        r"|pcie:[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])$"),
 }
-_TARGET_EXAMPLES = {"gpu": "gpu:3", "ib": "ib:mlx5_0:1", "nvswitch": "nvswitch:0"}
+_TARGET_EXAMPLES = {"gpu": "gpu:3", "ib": "ib:mlx5_0:1", "nvswitch": "nvswitch:0",
+                    "node": "node",
+                    "sysfs": "gpu:0, nvswitch:0, ib:mlx5_0:1 or pcie:0000:4f:00.0"}
 
 
 # --- kernel-log lines, in the real NVRM/nvswitch formats ------------------------------------------
@@ -304,6 +311,42 @@ def _ib_bw(spec: NodeSpec, f: Fault) -> None:
     p.loopback_gbit = f.float("gbit")
 
 
+SYSFS_SHAPES = ("text", "empty", "binary", "dir", "missing")
+
+
+def _sysfs(spec: NodeSpec, f: Fault) -> None:
+    """Replace one file of a PCI function (gpu:/nvswitch:/pcie: target, file relative to the
+    function's directory) or of an RDMA port (ib: target, relative to ``ports/<n>``)."""
+    rel = f.params.get("file", "").strip()
+    parts = rel.split("/")
+    if not rel or rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise InjectError(f"{f.text}: file= must name a file below the target's directory, "
+                          "e.g. file=max_link_width or file=counters/link_downed")
+    shape = f.choice("shape", SYSFS_SHAPES, "text")
+    if shape == "text" and "value" not in f.params:
+        raise InjectError(f"{f.text}: shape=text needs value=TEXT")
+    kind, _, rest = f.target.partition(":")
+    try:
+        if kind == "ib":
+            dev, port = f.ib
+            spec.ib_port(dev, port)
+            owner = f"ib:{dev}:{port}"
+        elif kind == "gpu":
+            owner = f"pci:{canonical_pci(spec.gpu(f.gpu_index).pci_bus_id)}"
+        elif kind == "nvswitch":
+            owner = f"pci:{canonical_pci(spec.nvswitch(int(rest)).pci_bus_id)}"
+        else:
+            addr = canonical_pci(rest)
+            known = {canonical_pci(x.pci_bus_id) for x in (*spec.gpus, *spec.nvswitches,
+                                                            *spec.ib_ports)}
+            if addr not in known:
+                raise KeyError(f"no PCI function {addr} on this simulated node")
+            owner = f"pci:{addr}"
+    except KeyError as exc:
+        raise InjectError(f"{f.text}: {exc.args[0]}") from None
+    spec.sysfs_overrides[(owner, rel)] = SysfsOverride(shape, f.params.get("value", ""))
+
+
 NVML_ERRORS = ("GpuIsLost", "NotSupported", "Unknown", "NoPermission", "Timeout",
                "InvalidArgument", "Uninitialized", "DriverNotLoaded", "InsufficientResources")
 
@@ -349,6 +392,7 @@ _EXAMPLES = {
     'ib-bw': 'ib-bw@ib:mlx5_1:1,gbit=100',
     'nvml-error': 'nvml-error@gpu:2,call=nvmlDeviceGetTemperature,error=Unknown',
     'gpu-process': 'gpu-process@gpu:0,pid=1234',
+    'sysfs': 'sysfs@ib:mlx5_0:1,file=rate,value=banana',
 }
 
 KINDS: dict[str, FaultKind] = {
@@ -396,6 +440,9 @@ KINDS: dict[str, FaultKind] = {
                   _nvml_error),
         FaultKind("gpu-process", "gpu", ("pid", "name", "mib"),
                   "a foreign process holds the GPU", _gpu_process),
+        FaultKind("sysfs", "sysfs", ("file", "value", "shape"),
+                  "one sysfs file of a PCI function or RDMA port holds value=TEXT, or is "
+                  "shape=empty|binary|dir|missing", _sysfs),
     )
 }
 

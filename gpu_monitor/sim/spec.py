@@ -136,6 +136,19 @@ class TimedLine:
     priority: int = 4  # KERN_WARNING, as NVRM logs Xids
 
 
+@dataclass(frozen=True)
+class SysfsOverride:
+    """One sysfs file of the simulated node replaced by content no healthy kernel writes.
+
+    ``shape``: ``text`` (``content`` then a newline, as the kernel ends its attributes),
+    ``empty``, ``binary`` (bytes that are not UTF-8), ``dir`` (a directory where the file
+    should be), ``missing`` (the file is not there).
+    """
+
+    shape: str
+    content: str = ""
+
+
 @dataclass
 class NodeSpec:
     profile: str
@@ -153,6 +166,8 @@ class NodeSpec:
     dcgm_available: bool = True
     perftest_available: bool = True
     fabric_manager_running: bool = True
+    # ("pci:<address>" | "ib:<device>:<port>", file relative to that directory) -> override
+    sysfs_overrides: dict[tuple[str, str], SysfsOverride] = field(default_factory=dict)
 
     def gpu(self, index: int) -> GpuSpec:
         for g in self.gpus:

@@ -51,7 +51,7 @@ def test_every_documented_kind_exists_and_is_in_help():
     documented = ["gpu-missing", "xid", "sxid", "row-remap-pending", "row-remap-failure",
                   "remap-headroom", "ecc-uncorrectable", "pcie-downgrade", "aer", "nvlink-down",
                   "throttle", "hot", "port-down", "slow", "wrong-results", "sdc", "dcgm-fail",
-                  "ib-bw", "nvml-error", "gpu-process"]
+                  "ib-bw", "nvml-error", "gpu-process", "sysfs"]
     assert sorted(documented) == sorted(inject.KINDS)
     text = inject.help_text()
     for k in documented:
@@ -145,3 +145,37 @@ def test_targets_that_do_not_exist_are_errors():
         apply("xid@gpu:9,code=79")
     with pytest.raises(InjectError, match="no ib:mlx5_9:1"):
         apply("port-down@ib:mlx5_9:1")
+
+
+@pytest.mark.parametrize("text,owner,rel,shape,content", [
+    ("sysfs@ib:mlx5_0:1,file=rate,value=banana", "ib:mlx5_0:1", "rate", "text", "banana"),
+    ("sysfs@gpu:1,file=max_link_width,value=-16", "pci:0000:64:00.0", "max_link_width", "text",
+     "-16"),
+    ("sysfs@nvswitch:0,file=aer_dev_fatal,shape=missing", "pci:0000:05:00.0", "aer_dev_fatal",
+     "missing", ""),
+    ("sysfs@pcie:0000:4F:00.0,file=current_link_width,shape=dir", "pci:0000:4f:00.0",
+     "current_link_width", "dir", ""),
+    ("sysfs@ib:mlx5_1:1,file=counters/link_downed,shape=binary", "ib:mlx5_1:1",
+     "counters/link_downed", "binary", ""),
+    ("sysfs@ib:mlx5_1:1,file=rate,value=4: ACTIVE=x", "ib:mlx5_1:1", "rate", "text",
+     "4: ACTIVE=x"),
+])
+def test_sysfs_fault_names_the_file_of_its_owner(text, owner, rel, shape, content):
+    from gpu_monitor.sim.spec import SysfsOverride
+
+    assert apply(text).sysfs_overrides == {(owner, rel): SysfsOverride(shape, content)}
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("sysfs@gpu:0,value=1", "file= must name a file"),
+    ("sysfs@gpu:0,file=../../etc/passwd,value=1", "file= must name a file"),
+    ("sysfs@gpu:0,file=/rate,value=1", "file= must name a file"),
+    ("sysfs@gpu:0,file=rate", "shape=text needs value"),
+    ("sysfs@gpu:0,file=rate,shape=purple", "expected one of"),
+    ("sysfs@pcie:0000:99:00.0,file=class,shape=empty", "no PCI function 0000:99:00.0"),
+    ("sysfs@ib:mlx5_9:1,file=rate,shape=empty", "no ib:mlx5_9:1"),
+    ("sysfs@node,file=rate,shape=empty", "needs a sysfs target"),
+])
+def test_sysfs_fault_errors_say_what_is_wrong(text, needle):
+    with pytest.raises(InjectError, match=needle):
+        apply(text)
