@@ -12,6 +12,7 @@ spaced ``every=SECONDS`` apart).
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -311,6 +312,68 @@ def _ib_bw(spec: NodeSpec, f: Fault) -> None:
     p.loopback_gbit = f.float("gbit")
 
 
+def _exit_code(f: Fault) -> int:
+    code = f.int("exit")
+    if not 0 <= code <= 255:
+        raise InjectError(f"{f.text}: exit={code} is not an exit status (0..255)")
+    return code
+
+
+DCGM_CUTS = ("Metadata", "Deployment", "Integration", "Hardware", "Stress", "end")
+
+
+def _dcgm_output(spec: NodeSpec, f: Fault) -> None:
+    """What the fake dcgmi prints and returns instead of a faithful report."""
+    if not f.params:
+        raise InjectError(f"{f.text}: give at least one of format=, exit=, cut=, lines=, "
+                          "drop=, status=, file=")
+    out = spec.dcgm_output
+    if "format" in f.params:
+        out["format"] = f.choice("format", ("json", "text"))
+    if "exit" in f.params:
+        out["exit"] = _exit_code(f)
+    if "cut" in f.params:
+        out["cut"] = f.choice("cut", DCGM_CUTS)
+    if "lines" in f.params:
+        out["lines"] = f.int("lines")
+        if out["lines"] < 0:
+            raise InjectError(f"{f.text}: lines must be >= 0")
+    if "drop" in f.params:
+        index = f.int("drop")
+        try:
+            spec.gpu(index)
+        except KeyError as exc:
+            raise InjectError(f"{f.text}: {exc.args[0]}") from None
+        out.setdefault("drop", []).append(index)
+    if "status" in f.params:
+        word = f.params["status"]
+        if not word or "\n" in word:
+            raise InjectError(f"{f.text}: status= needs a word")
+        out["status"] = word
+    if "file" in f.params:
+        if not os.path.isfile(f.params["file"]):
+            raise InjectError(f"{f.text}: file={f.params['file']!r} does not exist")
+        out["file"] = os.path.abspath(f.params["file"])
+
+
+PERFTEST_CUTS = ("before-report", "after-header", "mid-row", "before-rule")
+
+
+def _ib_bw_output(spec: NodeSpec, f: Fault) -> None:
+    """How the fake ib_write_bw mangles its report on that port (server and client alike)."""
+    dev, port = f.ib
+    try:
+        p = spec.ib_port(dev, port)
+    except KeyError as exc:
+        raise InjectError(f"{f.text}: {exc.args[0]}") from None
+    if not f.params:
+        raise InjectError(f"{f.text}: give cut= ({', '.join(PERFTEST_CUTS)}) and/or exit=")
+    if "cut" in f.params:
+        p.perftest_output["cut"] = f.choice("cut", PERFTEST_CUTS)
+    if "exit" in f.params:
+        p.perftest_output["exit"] = _exit_code(f)
+
+
 SYSFS_SHAPES = ("text", "empty", "binary", "dir", "missing")
 
 
@@ -393,6 +456,8 @@ _EXAMPLES = {
     'nvml-error': 'nvml-error@gpu:2,call=nvmlDeviceGetTemperature,error=Unknown',
     'gpu-process': 'gpu-process@gpu:0,pid=1234',
     'sysfs': 'sysfs@ib:mlx5_0:1,file=rate,value=banana',
+    'dcgm-output': 'dcgm-output@node,format=text,lines=20',
+    'ib-bw-output': 'ib-bw-output@ib:mlx5_0:1,cut=mid-row',
 }
 
 KINDS: dict[str, FaultKind] = {
@@ -443,6 +508,14 @@ KINDS: dict[str, FaultKind] = {
         FaultKind("sysfs", "sysfs", ("file", "value", "shape"),
                   "one sysfs file of a PCI function or RDMA port holds value=TEXT, or is "
                   "shape=empty|binary|dir|missing", _sysfs),
+        FaultKind("dcgm-output", "node",
+                  ("format", "exit", "cut", "lines", "drop", "status", "file"),
+                  "the fake dcgmi diag prints format=json|text whatever -j says, stops before "
+                  "the cut=SECTION|end or after lines=N, exits exit=N, leaves GPU drop=N out, "
+                  "prints status=WORD for every pass, or prints file=PATH", _dcgm_output),
+        FaultKind("ib-bw-output", "ib", ("cut", "exit"),
+                  "the fake ib_write_bw cuts its report short (cut=before-report|after-header|"
+                  "mid-row|before-rule) or exits exit=N", _ib_bw_output),
     )
 }
 

@@ -11,6 +11,7 @@ unchanged.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 # NVML clock-event reason bits (nvml.h: nvmlClocksEventReason*).
 CLOCK_EVENT_GPU_IDLE = 0x1
@@ -116,6 +117,8 @@ class IbPortSpec:
     symbol_error: int = 0
     link_error_recovery: int = 0
     loopback_gbit: float = 392.0  # what a fake ib_write_bw loopback measures
+    # An ib-bw-output fault: how the fake ib_write_bw mangles its report (cut=, exit=).
+    perftest_output: dict[str, Any] = field(default_factory=dict)
     # Scheduled outages: (start_s, duration_s) relative to the simulation start
     outages: list[tuple[float, float]] = field(default_factory=list)
 
@@ -166,6 +169,8 @@ class NodeSpec:
     dcgm_available: bool = True
     perftest_available: bool = True
     fabric_manager_running: bool = True
+    # A dcgm-output fault: what the fake dcgmi prints instead (format, exit, lines, drop, ...).
+    dcgm_output: dict[str, Any] = field(default_factory=dict)
     # ("pci:<address>" | "ib:<device>:<port>", file relative to that directory) -> override
     sysfs_overrides: dict[tuple[str, str], SysfsOverride] = field(default_factory=dict)
 

@@ -51,7 +51,8 @@ def test_every_documented_kind_exists_and_is_in_help():
     documented = ["gpu-missing", "xid", "sxid", "row-remap-pending", "row-remap-failure",
                   "remap-headroom", "ecc-uncorrectable", "pcie-downgrade", "aer", "nvlink-down",
                   "throttle", "hot", "port-down", "slow", "wrong-results", "sdc", "dcgm-fail",
-                  "ib-bw", "nvml-error", "gpu-process", "sysfs"]
+                  "ib-bw", "nvml-error", "gpu-process", "sysfs", "dcgm-output",
+                  "ib-bw-output"]
     assert sorted(documented) == sorted(inject.KINDS)
     text = inject.help_text()
     for k in documented:
@@ -177,5 +178,33 @@ def test_sysfs_fault_names_the_file_of_its_owner(text, owner, rel, shape, conten
     ("sysfs@node,file=rate,shape=empty", "needs a sysfs target"),
 ])
 def test_sysfs_fault_errors_say_what_is_wrong(text, needle):
+    with pytest.raises(InjectError, match=needle):
+        apply(text)
+
+
+def test_dcgm_output_and_ib_bw_output_faults_land_in_the_spec(tmp_path):
+    recorded = tmp_path / "out.json"
+    recorded.write_text("{}")
+    s = apply("dcgm-output@node,format=text,exit=3,lines=9,drop=2,status=Banana")
+    s = apply(f"dcgm-output@node,drop=5,file={recorded}", s)
+    assert s.dcgm_output == {"format": "text", "exit": 3, "lines": 9, "drop": [2, 5],
+                             "status": "Banana", "file": str(recorded)}
+    s = apply("ib-bw-output@ib:mlx5_1:1,cut=mid-row,exit=1")
+    assert s.ib_port("mlx5_1", 1).perftest_output == {"cut": "mid-row", "exit": 1}
+    assert apply("ib-bw@ib:mlx5_0:1,gbit=nan").ib_port("mlx5_0", 1).loopback_gbit != 0
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("dcgm-output@node", "give at least one of"),
+    ("dcgm-output@gpu:0,exit=1", "needs a node target"),
+    ("dcgm-output@node,exit=300", "not an exit status"),
+    ("dcgm-output@node,drop=9", "no gpu:9"),
+    ("dcgm-output@node,format=xml", "expected one of"),
+    ("dcgm-output@node,file=/nonexistent/out.json", "does not exist"),
+    ("ib-bw-output@ib:mlx5_0:1", "give cut="),
+    ("ib-bw-output@ib:mlx5_0:1,cut=sideways", "expected one of"),
+    ("ib-bw-output@ib:mlx5_7:1,exit=1", "no ib:mlx5_7:1"),
+])
+def test_output_fault_errors_say_what_is_wrong(text, needle):
     with pytest.raises(InjectError, match=needle):
         apply(text)
