@@ -76,11 +76,10 @@ IB_PHYS_STATES: Mapping[int, str] = {1: "Sleep", 2: "Polling", 3: "Disabled",
                                      4: "PortConfigurationTraining", 5: "LinkUp",
                                      6: "LinkErrorRecovery", 7: "Phy Test"}
 
-# Attributes the kernel always exports, or exports as a group (all or none).
-IDENTITY_ATTRS = ("vendor", "device", "class")
+# Attribute groups the kernel exports whole (pcie_dev_attr_group, aer_stats_attr_group): when
+# one member is there, all must be.
 LINK_ATTRS = ("current_link_speed", "current_link_width", "max_link_speed", "max_link_width")
 AER_ATTRS = ("aer_dev_correctable", "aer_dev_nonfatal", "aer_dev_fatal")
-IB_PORT_ATTRS = ("state", "phys_state", "rate")
 
 # A sysfs attribute is at most one page; AER files are the longest we read (< 1 KiB).
 _MAX_READ = 64 * 1024
