@@ -16,6 +16,11 @@ cannot be reached, a hang, a non-zero exit without a report, garbage or truncate
 ``checks.dcgm_diag.required: false`` for its SKU (or the config disables the check). The full
 image ships ``dcgmi``; the host engine is the host's or the GPU operator's (docs/coexistence.md).
 
+An ``ok`` is only as good as the report: a text table cut short (``DcgmIncomplete``) or a
+non-zero exit that no failure explains (``DcgmError``) makes every GPU that would have passed
+``unknown``, and a GPU NVML enumerates that the report does not cover is ``unknown``
+(``DcgmGpuNotReported``), never silently absent.
+
 Settings (``ctx.setting("dcgm_diag", ...)``): ``level`` (1–4, profile ``dcgm.level``), ``host``
 (``--host`` of a separate nv-hostengine, config only), ``parameters`` (``-p`` test parameters,
 config only), ``timeout_s`` (default by level).
@@ -62,6 +67,7 @@ class DcgmDiag(Check):
         "DcgmError",
         "DcgmBadOutput",
         "DcgmIncomplete",
+        "DcgmGpuNotReported",
     )
 
     def run(self, ctx: Context) -> Sequence[Result]:
@@ -125,12 +131,25 @@ class DcgmDiag(Check):
 
     def _judge(self, ctx: Context, diag: dcgm.DcgmDiag, details: dict[str, Any],
                exit_code: int) -> list[Result]:
+        """One result per target, each earned:
+
+        1. every GPU DCGM names is judged from all its results (``_target``);
+        2. an ``ok`` is only as good as the report: a table cut short (``DcgmIncomplete``) or a
+           non-zero exit that no failure or warning explains (``DcgmError``) turns every ``ok``
+           into ``unknown`` (failures seen before the cut still count);
+        3. every GPU NVML enumerates that the report does not cover is ``unknown``
+           (``DcgmGpuNotReported``): a run that left a GPU out has not tested it. Results that
+           name no GPU (2.x compact, text ``Pass - All``) cover every GPU, unless the GPUs
+           dcgmi says it detected are fewer than NVML's.
+        """
         meta = {**details, "dcgm_version": diag.version, "output_shape": diag.shape}
-        uuids = _uuids(ctx)
-        results: list[Result] = []
+        expected = _expected_gpus(ctx)
+        uuids = expected or {}
+        results: dict[str, Result] = {}
         for gpu in diag.gpus:
-            results.append(self._target(ctx, gpu_target(gpu), diag.for_gpu(gpu),
-                                        {**meta, "gpu_index": gpu, "uuid": uuids.get(gpu)}))
+            results[gpu_target(gpu)] = self._target(
+                ctx, gpu_target(gpu), diag.for_gpu(gpu),
+                {**meta, "gpu_index": gpu, "uuid": uuids.get(gpu)})
         node_wide = diag.node_wide()
         failed_summaries = [s for s in diag.summaries if s.status is DiagStatus.FAIL
                             and not any(r.test == s.test and r.status is DiagStatus.FAIL
@@ -144,20 +163,51 @@ class DcgmDiag(Check):
                     f"DCGM test(s) failed with no GPU named: {tests}",
                     {**meta, "failed_tests": [s.test for s in failed_summaries],
                      "summary_info": [i for s in failed_summaries for i in s.info]})
-            results.append(res)
+            results[NODE] = res
+        any_bad = any(r.status in (Status.FAILED, Status.DEGRADED) for r in results.values())
+        untrusted: tuple[str, str] | None = None
         if not diag.complete:
-            results.append(self.result(
-                ctx, Status.UNKNOWN, NODE, "DcgmIncomplete",
-                "the dcgmi diag table ends before its closing border (output cut short)", meta))
-        any_bad = any(r.status in (Status.FAILED, Status.DEGRADED) for r in results)
-        if exit_code != 0 and not any_bad:
-            results.append(self.result(
-                ctx, Status.UNKNOWN, NODE, "DcgmError",
-                f"dcgmi diag exited {exit_code} although no test failed or warned", meta))
+            untrusted = ("DcgmIncomplete", "the dcgmi diag table ends before its closing border "
+                                           "(output cut short): tests after the cut were not seen")
+        elif exit_code != 0 and not any_bad:
+            untrusted = ("DcgmError", f"dcgmi diag exited {exit_code} although no test failed "
+                                      "or warned: the report cannot be trusted")
+        if untrusted is not None:
+            reason, why = untrusted
+            for target, r in list(results.items()):
+                if r.status is Status.OK:
+                    results[target] = self.result(
+                        ctx, Status.UNKNOWN, target, reason, f"{why} ({r.message})",
+                        {**dict(r.details), "pending_reason": r.reason})
+            if NODE not in results:
+                results[NODE] = self.result(ctx, Status.UNKNOWN, NODE, reason, why, meta)
+        if expected is not None:
+            self._coverage(ctx, diag, expected, results, meta)
         if not results:
-            results.append(self.result(ctx, Status.UNKNOWN, NODE, "DcgmBadOutput",
-                                       "dcgmi diag reported no result for any GPU", meta))
-        return results
+            results[NODE] = self.result(ctx, Status.UNKNOWN, NODE, "DcgmBadOutput",
+                                        "dcgmi diag reported no result for any GPU", meta)
+        return list(results.values())
+
+    def _coverage(self, ctx: Context, diag: dcgm.DcgmDiag, expected: dict[int, str | None],
+                  results: dict[str, Result], meta: dict[str, Any]) -> None:
+        detected = len(diag.device_ids)
+        all_covered = bool(diag.node_wide()) and (not detected or detected >= len(expected))
+        for index in sorted(expected):
+            target = gpu_target(index)
+            if target in results or all_covered:
+                continue
+            if diag.node_wide():
+                why = (f"dcgmi detected {detected} GPU(s) (GPU Device IDs Detected), NVML "
+                       f"enumerates {len(expected)}, and its results name no GPU: {target} is "
+                       "not known to be tested")
+            else:
+                why = f"dcgmi diag reported no result for {target}"
+            reported = sorted(diag.gpus)
+            results[target] = self.result(
+                ctx, Status.UNKNOWN, target, "DcgmGpuNotReported", why,
+                {**meta, "gpu_index": index, "uuid": expected[index],
+                 "gpus_reported": reported, "gpus_expected": sorted(expected),
+                 "device_ids_detected": list(diag.device_ids)})
 
     def _target(self, ctx: Context, target: str, rows: Sequence[DiagResult],
                 meta: dict[str, Any]) -> Result:
@@ -214,11 +264,12 @@ def _action(severities: Sequence[Any]) -> Action:
     return Action.NONE
 
 
-def _uuids(ctx: Context) -> dict[int, str | None]:
-    """GPU index -> UUID for details (results are keyed by UUID downstream); best effort."""
+def _expected_gpus(ctx: Context) -> dict[int, str | None] | None:
+    """GPU index -> UUID of every GPU NVML enumerates (lost ones too: DCGM cannot have tested
+    them); None when NVML cannot say, and then no GPU is expected beyond those DCGM names."""
     try:
         if not ctx.host.nvml.available():
-            return {}
+            return None
         return {g.index: g.uuid for g in ctx.host.nvml.gpus()}
-    except Exception:  # noqa: BLE001 - UUIDs are decoration here, DCGM's verdict stands
-        return {}
+    except Exception:  # noqa: BLE001 - the expectation is best effort, DCGM's verdict stands
+        return None

@@ -3,7 +3,9 @@
 The first check of every suite. It compares what NVML enumerates with what the PCI bus shows
 (sysfs) and with the profile: a GPU present on the bus but absent from NVML has fallen off the
 bus or failed to initialise; NVIDIA GPU functions on the bus with NVML unavailable mean a broken
-driver (``NvmlUnavailable``) — a GPU node with a broken driver must never look healthy.
+driver (``NvmlUnavailable``) — a GPU node with a broken driver must never look healthy. With
+NVML unavailable, a PCI function whose vendor or class file cannot be read makes "no GPU here"
+``unknown`` (``SysfsReadError``), not ``ok``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Sequence
 from checks._gpus import enumeration_error
 from gpu_monitor.check import Check, ClearTracker, Context
 from gpu_monitor.hw.nvml import NvmlError
+from gpu_monitor.hw.sysfs import NVIDIA_VENDOR
 from gpu_monitor.model import NODE, Action, Kind, Result, Status, gpu_target
 
 
@@ -45,6 +48,7 @@ class Inventory(Check):
         "CudaTooOld",
         "NvmlReadError",
         "BootGrace",
+        "SysfsReadError",
     )
 
     def __init__(self) -> None:
@@ -81,8 +85,11 @@ class Inventory(Check):
         nvml = ctx.host.nvml
         profile = ctx.profile
         expected = profile.expected_gpus
-        on_bus = ctx.host.sysfs.nvidia_gpus()
+        functions = ctx.host.sysfs.pci_devices(NVIDIA_VENDOR)
+        on_bus = [d for d in functions if d.is_nvidia_gpu]
         bus_addrs = sorted(d.address for d in on_bus)
+        # Functions whose vendor or class cannot be read: "no GPU on the bus" is not earned.
+        unidentified = [d for d in functions if d.unidentified]
 
         if not nvml.available():
             reason = nvml.unavailable_reason()
@@ -103,6 +110,13 @@ class Inventory(Check):
                     {"expected_gpus": expected, "found_gpus": 0, "nvml_error": reason},
                     Action.REPLACE,
                 )]
+            if unidentified:
+                errors = [str(e) for d in unidentified for e in d.errors_for("vendor", "class")]
+                return [self.result(
+                    ctx, Status.UNKNOWN, NODE, "SysfsReadError",
+                    f"NVML unavailable and {len(unidentified)} PCI function(s) could not be "
+                    f"identified, any of which may be a GPU: {'; '.join(errors)}",
+                    {"expected_gpus": 0, "nvml_error": reason, "read_errors": errors})]
             return [self.ok(ctx, NODE, "no GPU expected and none found",
                             {"expected_gpus": 0, "found_gpus": 0})]
 

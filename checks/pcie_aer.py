@@ -21,19 +21,24 @@ persisted per device with the boot id, so a restart continues, never re-alarms. 
 goes backwards rebases without alarm. One-shot runs (bootstrap) report any fatal or non-fatal
 count since boot as failed and the correctable totals in details, judging the rate only when the
 daemon left samples for this boot. docs/checks-notes/pcie_aer.md explains every number.
+
+Unreadable is never clean: an AER file that does not parse (``TOTAL_ERR_FATAL -1``, 10^30, not
+text, a directory), one of the three missing while the others are there (the kernel exports
+them together), or a function whose ``vendor``/``class`` cannot be read (it may be one of ours;
+it is watched, not dropped) → ``unknown`` ``SysfsReadError`` naming the file, unless a readable
+counter already fails the function.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 from gpu_monitor.check import Check, ClearTracker, Context
-from gpu_monitor.hw.sysfs import NVIDIA_VENDOR, AerCounters, PciDevice
+from gpu_monitor.hw.sysfs import AER_ATTRS, NVIDIA_VENDOR, AerCounters, PciDevice
 from gpu_monitor.model import NODE, Action, Kind, Result, Status, canonical_pci, pcie_target
 
 log = logging.getLogger(__name__)
@@ -114,10 +119,13 @@ class PcieAer(Check):
             log.debug("pcie_aer: no GPU names from NVML: %s", exc)
         out: list[Watched] = []
         for d in sysfs.pci_devices(NVIDIA_VENDOR):
-            if d.is_nvidia_gpu:
+            if d.is_nvidia_gpu or d.address in gpu_names:
                 out.append(Watched(d, "gpu", gpu_names.get(d.address, {})))
             elif d.is_nvswitch:
                 out.append(Watched(d, "nvswitch", {}))
+            elif d.unidentified:
+                # Vendor or class unreadable: it may be a GPU or NVSwitch; never drop it quietly.
+                out.append(Watched(d, "unidentified", {}))
         nics: dict[str, list[str]] = {}
         for p in sysfs.infiniband_ports():
             if p.pci_address and p.device not in nics.setdefault(p.pci_address, []):
@@ -183,7 +191,7 @@ class PcieAer(Check):
         per_min = float(ctx.setting(self.name, "correctable_per_min_degraded", 32))
         counters = _totals(dev)
         totals = {k: (None if c is None else c.total) for k, c in counters.items()}
-        errors = [str(e) for e in dev.errors if os.path.basename(e.path).startswith("aer_dev_")]
+        errors = [str(e) for e in dev.errors_for(*AER_ATTRS, "vendor", "class")]
         details: dict[str, Any] = {"pci_address": dev.address, "device_kind": w.kind,
                                    **w.names, "window_s": window_s,
                                    "correctable_per_min_degraded": per_min}
@@ -237,8 +245,9 @@ class PcieAer(Check):
         if persist and repr(st) != before:
             self._save(ctx, dev.address, st)
         if errors and not any(s is Status.FAILED for s, *_ in problems):
+            what = "identity" if w.kind == "unidentified" else "AER counters"
             problems.insert(0, (Status.UNKNOWN, "SysfsReadError",
-                                f"cannot read the AER counters of {target}: {'; '.join(errors)}",
+                                f"cannot read the {what} of {target}: {'; '.join(errors)}",
                                 Action.NONE))
         if not problems:
             return self.ok(ctx, target, f"{target}: no new AER errors", details)

@@ -15,7 +15,9 @@ PCI address (``--use_cuda_bus_id``) where perftest supports it.
 
 Nothing about perftest failing is a hardware verdict: a server or client that hangs past the
 timeout is killed and the port is ``unknown`` (``PerftestHang``) naming the device; a non-zero
-exit (``PerftestFailed``) or output without a report (``PerftestBadOutput``) is ``unknown`` too;
+exit (``PerftestFailed``) or output without a usable report (``PerftestBadOutput``: no header or
+row, a row whose numbers are NaN, negative or faster than any RDMA link, a report cut short
+before its closing line, an average above the port's own rate) is ``unknown`` too;
 a port that is not ACTIVE is ``skipped`` (``PortNotActive``, the rdma_ports check judges link
 state); no perftest → ``skipped`` by the requirement gate.
 """
@@ -30,11 +32,14 @@ from typing import Any
 
 from gpu_monitor.check import Check, Context
 from gpu_monitor.hw.command import kill_group
-from gpu_monitor.hw.perftest import PerftestParseError, parse_report
+from gpu_monitor.hw.perftest import BwReport, PerftestParseError, parse_report
 from gpu_monitor.hw.sysfs import IbPort
 from gpu_monitor.model import Action, Kind, Result, Status, canonical_pci, ib_target
 
 BANNER = "Waiting for client to connect"
+# perftest's Gb/sec is payload; no loopback moves more than the port's data rate. The slack
+# covers rounding in the rate file ("2.5 Gb/sec") and timer jitter, not a faster link.
+RATE_SLACK = 0.05
 _TAIL = 600
 
 
@@ -218,21 +223,36 @@ class RdmaLoopback(Check):
                 ctx, Status.UNKNOWN, target, "PerftestFailed",
                 f"ib_write_bw client on {target} exited {client.returncode}: "
                 f"{_last_line(client.stderr or client.stdout)}", details)
-        try:
-            report = parse_report(client.stdout)
-        except PerftestParseError as exc:
-            try:  # the server prints the same report; use it if only the client's is bad
-                report = parse_report("".join(drain.out))
-            except PerftestParseError:
-                details["client_output_tail"] = _tail(client.stdout)
-                return self.result(ctx, Status.UNKNOWN, target, "PerftestBadOutput",
-                                   f"ib_write_bw on {target}: {exc}", details)
+        report, problem = _usable(client.stdout)
+        if report is None:  # the server prints the same report; use it if only the client's is bad
+            report, _ = _usable("".join(drain.out))
+        if report is None:
+            details["client_output_tail"] = _tail(client.stdout)
+            code = drain.proc.returncode
+            if server_done and code not in (0, None):
+                # No report because the server failed (it may have died while the client was
+                # still starting): the server's error is the cause worth naming.
+                details["server_output_tail"] = _tail(drain.text)
+                return self.result(
+                    ctx, Status.UNKNOWN, target, "PerftestFailed",
+                    f"ib_write_bw server for {target} exited {code}: "
+                    f"{_last_line(''.join(drain.err) or ''.join(drain.out))}", details)
+            return self.result(ctx, Status.UNKNOWN, target, "PerftestBadOutput",
+                               f"ib_write_bw on {target}: {problem}", details)
         row = report.row_for(s["size"])
         if row is None:
             details["sizes_reported"] = list(report.sizes())
             return self.result(ctx, Status.UNKNOWN, target, "PerftestBadOutput",
                                f"ib_write_bw on {target} reported no {s['size']}-byte row",
                                details)
+        rate = port.rate_gbit
+        if rate is not None and row.gbit_per_s > rate * (1 + RATE_SLACK):
+            details.update({"bw_gbit_per_s_reported": round(row.gbit_per_s, 3),
+                            "client_output_tail": _tail(client.stdout)})
+            return self.result(
+                ctx, Status.UNKNOWN, target, "PerftestBadOutput",
+                f"ib_write_bw on {target} reported {row.gbit_per_s:.6g} Gb/s, above the port's "
+                f"rate of {rate:g} Gb/s: a measurement error, not a pass", details)
         gbit = round(row.gbit_per_s, 3)
         floor = s["floor"]
         details.update({"bw_gbit_per_s": gbit, "bw_peak_gbit_per_s": round(row.peak_gbit_per_s, 3),
@@ -253,6 +273,18 @@ class RdmaLoopback(Check):
                                f"{s['band']:.0%} of the floor {floor:g} Gb/s", details,
                                Action.WATCH)
         return self.ok(ctx, target, f"{gbit:g} Gb/s loopback (floor {floor:g})", details)
+
+
+def _usable(text: str) -> tuple[BwReport | None, str]:
+    """The report in ``text`` if it parses and is complete, else (None, what is wrong)."""
+    try:
+        report = parse_report(text)
+    except PerftestParseError as exc:
+        return None, str(exc)
+    if not report.complete:
+        return None, ("the report ends before perftest's closing line after its last row "
+                      "(output cut short)")
+    return report, ""
 
 
 def _wait(proc: subprocess.Popen, timeout_s: float) -> bool:

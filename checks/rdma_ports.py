@@ -14,7 +14,10 @@ the same interval) and judges, per port:
   ``degraded`` ``PortDowntimeHigh``;
 - down right now, still under the tolerance → ``degraded`` ``PortDown``;
 - an expected port (profile ``rdma.ports``) absent → ``failed`` ``PortMissing``; a port up at
-  a rate below ``rdma.rate_gbit_per_s`` → ``degraded`` ``PortRateDegraded``.
+  a rate below ``rdma.rate_gbit_per_s`` → ``degraded`` ``PortRateDegraded``;
+- a file it judges (``state``, ``phys_state``, ``rate``, ``counters/link_downed``) that cannot
+  be read or holds no value of its kind (``banana``, ``-400 Gb/sec``, a directory) →
+  ``unknown`` ``SysfsReadError`` naming the file, unless what could be read fails the port.
 
 A flap shorter than the poll period is invisible in ``state`` but increments the port's
 ``link_downed`` counter; an increase not matched by a down transition we saw is recorded as an
@@ -32,14 +35,13 @@ reporting stays the one source of ``SysfsReadError`` values.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
 from gpu_monitor.check import Check, ClearTracker, Context
-from gpu_monitor.hw.sysfs import IbPort, parse_counter, parse_ib_rate, parse_ib_state
+from gpu_monitor.hw.sysfs import IbPort
 from gpu_monitor.model import Action, Kind, Result, Status, ib_target
 
 log = logging.getLogger(__name__)
@@ -50,7 +52,8 @@ KV_NAMESPACE = "rdma_ports"
 REDISCOVER_S = 60.0  # full sysfs walk at most this often in steady state
 MISSING_REDISCOVER_S = 10.0  # ... and this often while an expected port is missing
 WATCH_MARK_S = 60.0  # how often the daemon refreshes its "I was watching" marker
-LINK_DOWNED_FILE = os.path.join("counters", "link_downed")
+# The files of ports/<n>/ this check judges: one it cannot read makes the port unknown.
+JUDGED_FILES = ("state", "phys_state", "rate", "link_downed")
 
 PortKey = tuple[str, int]
 
@@ -181,42 +184,19 @@ class _Recorder:
             self._call("save state", self.store.set_kv, KV_NAMESPACE, key, value)
 
 
-def _read_text(path: str) -> str:
-    with open(path, "rb") as f:
-        return f.read(4096).decode("ascii")
-
-
-def _fast_read(base: IbPort, path: str) -> IbPort:
-    """The four files a poll needs; raises on anything unusual (the caller falls back)."""
-    state, state_code = parse_ib_state(_read_text(os.path.join(path, "state")))
-    phys, phys_code = parse_ib_state(_read_text(os.path.join(path, "phys_state")))
-    rate_text = _read_text(os.path.join(path, "rate")).strip()
-    try:
-        downed = parse_counter(_read_text(os.path.join(path, LINK_DOWNED_FILE)))
-    except FileNotFoundError:
-        downed = None
-    return replace(base, state=state, state_code=state_code, phys_state=phys,
-                   phys_state_code=phys_code, rate_gbit=parse_ib_rate(rate_text),
-                   rate_text=rate_text,
-                   counters={} if downed is None else {"link_downed": downed}, errors=())
-
-
 class PortReader:
-    """Discovery through ``SysfsReader``; steady-state polls through ``_fast_read``."""
+    """Discovery through ``SysfsReader.infiniband_ports``; steady-state polls through
+    ``SysfsReader.poll_ib_port`` (the same parsers, four files per port)."""
 
     def __init__(self) -> None:
-        self._known: dict[PortKey, tuple[IbPort, str]] = {}
+        self._known: dict[PortKey, IbPort] = {}
         self._discovered_at: float | None = None
 
     def _discover(self, ctx: Context, now: float) -> dict[PortKey, IbPort]:
         ports = ctx.host.sysfs.infiniband_ports()
-        self._known = {
-            (p.device, p.port): (p, ctx.host.paths.sys("class", "infiniband", p.device, "ports",
-                                                        str(p.port)))
-            for p in ports
-        }
+        self._known = {(p.device, p.port): p for p in ports}
         self._discovered_at = now
-        return {(p.device, p.port): p for p in ports}
+        return dict(self._known)
 
     def read(self, ctx: Context, now: float, expected: Sequence[PortKey]) -> dict[PortKey, IbPort]:
         age = None if self._discovered_at is None else now - self._discovered_at
@@ -224,12 +204,12 @@ class PortReader:
                 or (age >= MISSING_REDISCOVER_S and any(k not in self._known for k in expected))):
             return self._discover(ctx, now)
         out: dict[PortKey, IbPort] = {}
-        for key, (base, path) in self._known.items():
-            try:
-                out[key] = _fast_read(base, path)
-            except (OSError, ValueError, UnicodeDecodeError):
-                # Vanished, unreadable or junk: the reader says which, with its error values.
+        for key, base in self._known.items():
+            port = ctx.host.sysfs.poll_ib_port(base)
+            if port.errors:
+                # Vanished, unreadable or junk: the full walk says which, with every error.
                 return self._discover(ctx, now)
+            out[key] = port
         return out
 
 
@@ -479,6 +459,20 @@ class RdmaPorts(Check):
     def _judge(self, ctx: Context, s: Settings, key: PortKey, port: IbPort | None,
                tr: Track | None, now: float, in_grace: bool,
                extra: Mapping[str, Any]) -> Result:
+        """A port whose judged files (``JUDGED_FILES``) could not all be read is ``unknown``,
+        naming them, unless what could be read already fails it: never an unearned ``ok``."""
+        res = self._judge_port(ctx, s, key, port, tr, now, in_grace, extra)
+        errors = [str(e) for e in port.errors_for(*JUDGED_FILES)] if port is not None else []
+        if not errors or res.status in (Status.FAILED, Status.UNKNOWN):
+            return res
+        verdict = "" if res.status is Status.OK else f" (otherwise {res.reason}: {res.message})"
+        return self.result(ctx, Status.UNKNOWN, res.target, "SysfsReadError",
+                           f"cannot judge {key[0]}:{key[1]}: {'; '.join(errors)}{verdict}",
+                           {**dict(res.details), "pending_reason": res.reason})
+
+    def _judge_port(self, ctx: Context, s: Settings, key: PortKey, port: IbPort | None,
+                    tr: Track | None, now: float, in_grace: bool,
+                    extra: Mapping[str, Any]) -> Result:
         target, name = ib_target(*key), f"{key[0]}:{key[1]}"
         if port is None:
             status = Status.UNKNOWN if in_grace else Status.FAILED
@@ -494,8 +488,7 @@ class RdmaPorts(Check):
             "rate_gbit_per_s": port.rate_gbit, "expected_rate_gbit_per_s": s.rate_gbit,
             "pci_address": port.pci_address, **extra,
         }
-        relevant = [str(e) for e in port.errors if os.path.basename(e.path) in
-                    ("state", "phys_state", "rate", "link_downed")]
+        relevant = [str(e) for e in port.errors_for(*JUDGED_FILES)]
         if relevant:
             details["read_errors"] = relevant
         if port.state is None or port.phys_state is None:

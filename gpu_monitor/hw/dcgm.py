@@ -22,8 +22,10 @@ Shapes understood (real samples in tests/fixtures/dcgm_diag/):
   rows whose text wraps at the column width (even mid-word).
 
 Tolerated: text before the JSON (dcgmi and wrappers print banners such as ``WARNING: ...``) and
-after it. Refused with ``DcgmParseError``: no diagnostic object, truncated JSON, a table that
-does not parse.
+after it. Refused with ``DcgmParseError`` (the one error anything here raises, whatever the
+input): no diagnostic object, truncated or malformed JSON (nesting too deep included), a status
+word DCGM does not use, a GPU id outside 0..``MAX_GPU_ID`` or not a number (a GPU result without
+one would silently count for every GPU), a table that does not parse.
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ from typing import Any
 
 KEY_3X = "DCGM GPU Diagnostic"
 KEY_4X = "DCGM Diagnostic"
+# dcgm_structs.h: DCGM_MAX_NUM_DEVICES is 32; ids up to 1023 leave room for a larger limit,
+# while an id like 10^30 or -3 is not a GPU and refuses the report (it would name no target).
+MAX_GPU_ID = 1023
+_ID_RE = re.compile(r"^\s*[0-9]{1,6}\s*$")
 
 # dcgm_errors.h (DCGM 3.3+/4.x) dcgmError_t, index = error_id. Names only, for details and docs.
 DCGM_ERROR_NAMES: tuple[str, ...] = (
@@ -216,6 +222,8 @@ def _find_diag_object(text: str) -> tuple[str, Mapping[str, Any]]:
         except json.JSONDecodeError as exc:
             first_error = first_error or exc
             continue
+        except RecursionError:
+            raise DcgmParseError("malformed dcgmi JSON: nested too deep to be a report") from None
         if isinstance(value, dict):
             for key in (KEY_4X, KEY_3X):
                 if isinstance(value.get(key), Mapping):
@@ -237,13 +245,27 @@ def _as_list(value: Any) -> list[Any]:
 
 
 def _opt_int(value: Any) -> int | None:
+    """A decorative number (``error_id``, severity): ``None`` when it is not one."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
         return value
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+    if isinstance(value, str) and re.fullmatch(r"\s*-?[0-9]{1,9}\s*", value):
         return int(value.strip())
     return None
+
+
+def gpu_id(value: Any, what: str = "GPU id") -> int:
+    """A GPU (entity) id DCGM printed: 0..``MAX_GPU_ID`` as an int or a decimal string."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        n = value
+    elif isinstance(value, str) and _ID_RE.match(value):
+        n = int(value)
+    else:
+        raise DcgmParseError(f"bad {what} {value!r}"[:200])
+    if not 0 <= n <= MAX_GPU_ID:
+        raise DcgmParseError(f"{what} {value!r} is outside 0..{MAX_GPU_ID}"[:200])
+    return n
 
 
 def _warnings(value: Any) -> tuple[DcgmWarning, ...]:
@@ -269,21 +291,11 @@ def _gpu_ids(value: Any) -> list[int]:
     """``"0,1,2"``, ``"3"``, ``3`` or ``[0, 1]`` -> GPU ids; empty when absent."""
     if value is None:
         return []
-    if isinstance(value, bool):
-        raise DcgmParseError(f"bad gpu_ids {value!r}")
-    if isinstance(value, int):
-        return [value]
     if isinstance(value, list):
         return [i for v in value for i in _gpu_ids(v)]
-    ids = []
-    for part in str(value).split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if not part.isdigit():
-            raise DcgmParseError(f"bad gpu_ids {value!r}")
-        ids.append(int(part))
-    return ids
+    if not isinstance(value, str):
+        return [gpu_id(value, "gpu_ids")]
+    return [gpu_id(part, "gpu_ids") for part in value.split(",") if part.strip()]
 
 
 def _results_of(category: str, test: str, raw: Mapping[str, Any]) -> list[DiagResult]:
@@ -291,7 +303,7 @@ def _results_of(category: str, test: str, raw: Mapping[str, Any]) -> list[DiagRe
     warnings, info = _warnings(raw.get("warnings")), _info(raw.get("info"))
     if "entity_id" in raw or "entity_group" in raw:  # DCGM 4.x
         group = str(raw.get("entity_group") or "GPU")
-        eid = _opt_int(raw.get("entity_id"))
+        eid = gpu_id(raw.get("entity_id"), f"{test}: entity_id")
         gpu = eid if group.upper() == "GPU" else None
         return [DiagResult(category, test, status, gpu, group, eid, warnings, info)]
     ids = _gpu_ids(raw.get("gpu_ids", raw.get("gpu_id")))
@@ -361,10 +373,10 @@ _ROW_RE = re.compile(r"^\|(?P<name>[^|]*)\|(?P<value>.*?)\|?\s*$")
 # "Pass", "Pass - All", "Fail - GPU: 0", "Pass - GPUs: 1, 2, 3", "Skip - GPU 3",
 # "FAIL - GPU 3: HBM memory test failed" (text after the GPU list is ignored).
 _VALUE_RE = re.compile(
-    r"^(?P<status>Pass|Fail|Warn|Skip|Not Run)\b\s*(?:-\s*(?P<who>All|GPUs?:?\s*[\d,\s]+))?",
+    r"^(?P<status>Pass|Fail|Warn|Skip|Not Run)\b\s*(?:-\s*(?P<who>All|GPUs?:?\s*[0-9,\s]+))?",
     re.IGNORECASE)
 # 4.x continuation rows: "GPU0: Pass"
-_GPU_VALUE_RE = re.compile(r"^GPU\s*(?P<gpu>\d+):\s*(?P<status>Pass|Fail|Warn|Skip|Not Run)\b",
+_GPU_VALUE_RE = re.compile(r"^GPU\s*(?P<gpu>[0-9]+):\s*(?P<status>Pass|Fail|Warn|Skip|Not Run)\b",
                            re.IGNORECASE)
 _NOTE_ROWS = {"warning": "warning", "error": "error", "info": "info"}
 _META_ROWS = {"dcgm version": "version", "driver version detected": "driver_version",
@@ -374,8 +386,8 @@ _META_ROWS = {"dcgm version": "version", "driver version detected": "driver_vers
 def _who(text: str | None) -> list[int | None]:
     if not text or text.strip().lower() == "all":
         return [None]
-    ids = [int(n) for n in re.findall(r"\d+", text)]
-    return list(ids) or [None]
+    ids: list[int | None] = [gpu_id(n, "GPU") for n in re.findall(r"[0-9]+", text)]
+    return ids or [None]
 
 
 @dataclass
@@ -475,7 +487,7 @@ def _add_text_status(test: _TextTest, cell: str) -> None:
         return
     m = _GPU_VALUE_RE.match(text)
     if m:
-        gpu = int(m.group("gpu"))
+        gpu = gpu_id(m.group("gpu"), "GPU")
         status = parse_status(m.group("status"))
         # "software | Pass" followed by "GPU0: Pass" rows: the per-GPU rows replace the summary.
         test.rows = [(s, g) for s, g in test.rows if g is not None]

@@ -16,14 +16,22 @@ Facts the parser relies on (perftest ``src/perftest_resources.c``, ``print_repor
   detected ...``, CUDA buffer messages with ``--use_cuda``); only rows of numbers count.
 - With ``-D`` (duration mode) the peak column is ``0.00``: use the average.
 
-``parse_report`` raises ``PerftestParseError`` on output without a header or without a row, so a
-crashed or garbled run is never read as a bandwidth.
+``parse_report`` raises ``PerftestParseError`` (the one error it raises, whatever the input) on
+output without a header or without a row, so a crashed or garbled run is never read as a
+bandwidth. Rows have a domain too: a line that starts like a row (message size, iterations)
+must carry finite, non-negative numbers, and no bandwidth above ``MAX_RDMA_RATE_GBIT`` (faster
+than any RDMA link: 1e30 Gb/s is a garbled number, not a fast NIC). perftest ends a report with
+a rule line (``RESULT_LINE`` at full verbosity, write_bw.c); ``BwReport.complete`` says whether
+one followed the last row, so output cut inside a row (``392.16  39``) is not read as 39 Gb/s.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
+
+from gpu_monitor.hw.sysfs import MAX_RDMA_RATE_GBIT
 
 MIB = 1 << 20
 
@@ -31,10 +39,11 @@ _HEADER_RE = re.compile(
     r"#bytes\s+#iterations\s+BW\s+peak\[(?P<unit>[A-Za-z]+/sec)\]\s+"
     r"BW\s+average\[(?P<unit2>[A-Za-z]+/sec)\]"
 )
-_ROW_RE = re.compile(
-    r"^\s*(?P<bytes>\d+)\s+(?P<iters>\d+)\s+(?P<peak>\d+(?:\.\d+)?)\s+"
-    r"(?P<avg>\d+(?:\.\d+)?)(?:\s+(?P<rate>\d+(?:\.\d+)?))?\s*$"
-)
+# A line that starts like a row: message size and iterations, then two or three more fields.
+_ROW_LIKE_RE = re.compile(r"^\s*(?P<bytes>[0-9]{1,12})\s+(?P<iters>[0-9]{1,12})"
+                          r"(?P<rest>(?:\s+\S+){2,3})\s*$")
+_NUMBER_RE = re.compile(r"^[0-9]{1,40}(?:\.[0-9]{1,9})?$")
+_RULE_RE = re.compile(r"^\s*-{20,}\s*$")
 # Unit label -> Gbit/s per unit.
 _TO_GBIT = {
     "Gb/sec": 1.0,
@@ -71,6 +80,7 @@ class BwRow:
 @dataclass(frozen=True)
 class BwReport:
     rows: tuple[BwRow, ...]
+    complete: bool = True  # perftest's closing rule line followed the last row
 
     @property
     def unit(self) -> str:
@@ -89,11 +99,29 @@ class BwReport:
         return max(self.rows, key=lambda r: (r.bytes, self.rows.index(r)))
 
 
+def _row(line: str, m: re.Match[str], unit: str) -> BwRow:
+    fields = m.group("rest").split()
+    if not all(_NUMBER_RE.match(f) for f in fields):
+        raise PerftestParseError(f"perftest row with a value that is not a finite, non-negative "
+                                 f"number: {line.strip()[:120]!r}")
+    peak, avg = float(fields[0]), float(fields[1])
+    row = BwRow(int(m.group("bytes")), int(m.group("iters")), peak, avg,
+                float(fields[2]) if len(fields) > 2 else None, unit)
+    for what, gbit in (("peak", row.peak_gbit_per_s), ("average", row.gbit_per_s)):
+        if not math.isfinite(gbit) or gbit > MAX_RDMA_RATE_GBIT:
+            raise PerftestParseError(
+                f"perftest row reports a {what} of {gbit:.6g} Gb/s, faster than any RDMA link "
+                f"({MAX_RDMA_RATE_GBIT:g}): a garbled number, not a measurement: "
+                f"{line.strip()[:120]!r}")
+    return row
+
+
 def parse_report(text: str) -> BwReport:
     """Every bandwidth row of a perftest log, each tagged with the unit of the header above it."""
     unit: str | None = None
     rows: list[BwRow] = []
     headers = 0
+    closed = False
     for line in text.splitlines():
         header = _HEADER_RE.search(line)
         if header:
@@ -105,19 +133,20 @@ def parse_report(text: str) -> BwReport:
             continue
         if unit is None:
             continue
-        m = _ROW_RE.match(line)
+        if _RULE_RE.match(line):
+            closed = closed or bool(rows)
+            continue
+        m = _ROW_LIKE_RE.match(line)
         if not m:
             continue
-        size, iters = int(m.group("bytes")), int(m.group("iters"))
-        if size <= 0:
+        if int(m.group("bytes")) <= 0:
             continue
-        rate = m.group("rate")
-        rows.append(BwRow(size, iters, float(m.group("peak")), float(m.group("avg")),
-                          float(rate) if rate is not None else None, unit))
+        rows.append(_row(line, m, unit))
+        closed = False
     if not headers:
         raise PerftestParseError("no perftest bandwidth header (#bytes #iterations BW ...) "
                                  "in the output")
     if not rows:
         raise PerftestParseError("perftest printed its header but no result row "
                                  "(the run ended early)")
-    return BwReport(tuple(rows))
+    return BwReport(tuple(rows), complete=closed)

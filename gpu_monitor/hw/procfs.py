@@ -17,6 +17,7 @@ Contract:
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -78,14 +79,16 @@ class ProcfsReader:
         return value or None
 
     def uptime_s(self) -> float | None:
-        """Seconds since boot (first field of ``uptime``)."""
+        """Seconds since boot (first field of ``uptime``); ``None`` unless a finite, non-negative
+        number (a NaN or a negative uptime would hold every boot grace open, or skip it)."""
         text = _read_text(self._paths.proc("uptime"))
         if not text or not text.split():
             return None
         try:
-            return float(text.split()[0])
+            value = float(text.split()[0])
         except ValueError:
             return None
+        return value if math.isfinite(value) and value >= 0 else None
 
     def hostname(self) -> str | None:
         text = _read_text(self._paths.proc("sys", "kernel", "hostname"))

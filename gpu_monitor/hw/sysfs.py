@@ -10,15 +10,25 @@ Contract (what callers may rely on):
 
 1. Nothing raises from the list functions. A file that does not exist gives ``None`` for its
    field (older kernels and other drivers lack many attributes; that is "not exported", not a
-   fault). A file that exists but cannot be read (permission, I/O error) or holds content we
-   cannot parse gives ``None`` *and* a ``SysfsReadError`` in the value's ``errors``, so a check
-   can report ``unknown`` for that target instead of a wrong ``ok``.
-2. A missing or unlistable root directory (``bus/pci/devices``, ``class/infiniband``) gives an
+   fault). A file that exists but cannot be read (permission, I/O error, a directory) or holds
+   content we cannot parse gives ``None`` *and* a ``SysfsReadError`` in the value's ``errors``,
+   so a check can report ``unknown`` for that target instead of a wrong ``ok``.
+   Exceptions to "absent is fine", where the kernel always exports a file or a whole group
+   together: a PCI function's ``vendor``/``device``/``class``; its link group
+   (``{current,max}_link_{speed,width}``) and its AER group (``aer_dev_*``) when any member is
+   there; an RDMA port's ``state``/``phys_state``/``rate``; ``counters/link_downed`` when
+   ``counters/`` holds anything. One of those missing is a ``missing`` error.
+2. Every parser gives its value a domain (a PCIe width is 0..32 lanes, a speed one of PCIe's
+   rates, a NUMA node -1..1023, a counter an unsigned 64-bit number, a port state a code with the
+   kernel's name for it, an RDMA rate 0 < r <= ``MAX_RDMA_RATE_GBIT``) and raises
+   ``SysfsParseError`` (a ``ValueError``), naming the content, for anything outside it: a
+   negative width, a NaN, 10^30 errors, a name that does not match its code.
+3. A missing or unlistable root directory (``bus/pci/devices``, ``class/infiniband``) gives an
    empty list; ``pci_available()`` / ``infiniband_available()`` (and the ``*_unavailable_reason``
    twins) tell "sysfs not mounted / not readable" apart from "no such device on this node".
-3. Devices that disappear between listing and reading (hot unplug, a GPU falling off the bus,
+4. Devices that disappear between listing and reading (hot unplug, a GPU falling off the bus,
    the simulated node rewriting its tree) are skipped, never half-reported.
-4. Every read goes through ``open`` in this module (``_read_bytes``): the one I/O boundary, so
+5. Every read goes through ``open`` in this module (``_read_bytes``): the one I/O boundary, so
    tests can inject ``PermissionError`` even when they run as root.
 """
 
@@ -48,18 +58,48 @@ PCI_CLASS_INFINIBAND = 0x0207
 
 # Transfer rate per lane (GT/s) -> PCIe generation. The kernel prints these values in
 # ``current_link_speed``/``max_link_speed`` (pci_speed_string: "2.5 GT/s PCIe" ... "64.0 GT/s
-# PCIe"; kernels before 5.x wrote "2.5 GT/s", "5 GT/s", "8 GT/s", "16 GT/s").
-PCIE_GEN_BY_GTS: Mapping[float, int] = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
+# PCIe"; kernels before 5.x wrote "2.5 GT/s", "5 GT/s", "8 GT/s", "16 GT/s"; PCIe 7.0 is 128).
+PCIE_GEN_BY_GTS: Mapping[float, int] = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6,
+                                        128.0: 7}
 PCIE_GTS_BY_GEN: Mapping[int, float] = {gen: gts for gts, gen in PCIE_GEN_BY_GTS.items()}
+PCIE_MAX_WIDTH = 32  # x32 is the widest link the PCIe specification defines
+MAX_NUMA_NODE = 1023  # MAX_NUMNODES = 1 << CONFIG_NODES_SHIFT, at most 10 bits
+# No RDMA link is faster: IB XDR 4X is 800 Gb/s (12X XDR 2400), Ethernet ports 1.6 Tb/s.
+MAX_RDMA_RATE_GBIT = 3200.0
+U64_MAX = 2**64 - 1  # sysfs counters are u64 (AER counters, IB port counters)
+
+# include/rdma/ib_verbs.h enum ib_port_state, as drivers/infiniband/core/sysfs.c names them
+# ("UNKNOWN" beyond the table); phys_state from ib_port_phys_state_str ("<unknown>" beyond).
+IB_PORT_STATES: Mapping[int, str] = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE",
+                                     5: "ACTIVE_DEFER"}
+IB_PHYS_STATES: Mapping[int, str] = {1: "Sleep", 2: "Polling", 3: "Disabled",
+                                     4: "PortConfigurationTraining", 5: "LinkUp",
+                                     6: "LinkErrorRecovery", 7: "Phy Test"}
+
+# Attribute groups the kernel exports whole (pcie_dev_attr_group, aer_stats_attr_group): when
+# one member is there, all must be.
+LINK_ATTRS = ("current_link_speed", "current_link_width", "max_link_speed", "max_link_width")
+AER_ATTRS = ("aer_dev_correctable", "aer_dev_nonfatal", "aer_dev_fatal")
 
 # A sysfs attribute is at most one page; AER files are the longest we read (< 1 KiB).
 _MAX_READ = 64 * 1024
 
-_SPEED_RE = re.compile(r"^(?P<gts>\d+(?:\.\d+)?)\s*GT/s(?:\s+PCIe)?$")
-_IB_STATE_RE = re.compile(r"^(?P<code>\d+):\s*(?P<name>\S.*)$")
-_IB_RATE_RE = re.compile(r"^(?P<gbit>\d+(?:\.\d+)?)\s*Gb/sec\b")
+_SPEED_RE = re.compile(r"^(?P<gts>[0-9]{1,3}(?:\.[0-9]{1,2})?)\s*GT/s(?:\s+PCIe)?$")
+_IB_STATE_RE = re.compile(r"^(?P<code>[0-9]{1,3}):\s*(?P<name>\S.*)$")
+_IB_RATE_RE = re.compile(r"^(?P<gbit>[0-9]{1,6}(?:\.[0-9]{1,3})?)\s*Gb/sec(?:\s|$)")
+_INT_RE = re.compile(r"^-?[0-9]{1,20}$")
+_COUNT_RE = re.compile(r"^[0-9]{1,20}$")
+LINK_DOWNED = os.path.join("counters", "link_downed")
 # Counters some drivers cannot read (iWARP without a performance management agent).
 _COUNTER_NA_RE = re.compile(r"^N/A\b")
+
+
+class SysfsParseError(ValueError):
+    """Content of a sysfs attribute that is not a value of its kind (garbage, out of domain).
+
+    The one error every parser below raises; the reader turns it into a ``junk``
+    ``SysfsReadError`` naming the file.
+    """
 
 
 # --- values ----------------------------------------------------------------------------------
@@ -142,6 +182,18 @@ class PciDevice:
             return None
         return cur < top
 
+    def errors_for(self, *names: str) -> tuple[SysfsReadError, ...]:
+        """The read errors of the named attributes (file basenames), for a check that judges
+        only those; every error when no name is given."""
+        if not names:
+            return self.errors
+        return tuple(e for e in self.errors if os.path.basename(e.path) in names)
+
+    @property
+    def unidentified(self) -> bool:
+        """Its vendor or class could not be read: it may be the GPU or NIC a caller looks for."""
+        return bool(self.errors_for("vendor", "class"))
+
     @property
     def is_nvidia_gpu(self) -> bool:
         return self.vendor == NVIDIA_VENDOR and self.class_base in (PCI_CLASS_VGA, PCI_CLASS_3D)
@@ -187,44 +239,87 @@ class IbPort:
     def link_up(self) -> bool:
         return self.phys_state == "LinkUp"
 
+    def errors_for(self, *names: str) -> tuple[SysfsReadError, ...]:
+        """The read errors of the named attributes (file basenames), for a check that judges
+        only those; every error when no name is given."""
+        if not names:
+            return self.errors
+        return tuple(e for e in self.errors if os.path.basename(e.path) in names)
+
     def counter(self, name: str) -> int | None:
         """A ``counters/`` value, ``None`` when absent, unreadable or N/A."""
         return None if self.counters is None else self.counters.get(name)
 
 
-# --- pure parsers (each raises ValueError on content it does not understand) -----------------
+# --- pure parsers (each raises SysfsParseError on content outside its domain) ----------------
 
 
-def parse_hex(text: str) -> int:
-    """``0x10de`` -> 0x10de (vendor, device, class attributes)."""
+def _one_line(text: str, what: str) -> str:
     t = text.strip()
-    if not t.lower().startswith("0x"):
-        raise ValueError(f"not a hex attribute: {text!r}")
-    return int(t, 16)
+    if not t:
+        raise SysfsParseError(f"empty {what}")
+    return t
 
 
-def parse_int(text: str) -> int:
-    t = text.strip()
-    if not re.fullmatch(r"-?\d+", t):
-        raise ValueError(f"not an integer: {text!r}")
-    return int(t)
+def _bounded(value: int, lo: int | None, hi: int | None, text: str, what: str) -> int:
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        span = f"{'' if lo is None else lo}..{'' if hi is None else hi}"
+        raise SysfsParseError(f"{what} out of range ({span}): {text.strip()!r}")
+    return value
+
+
+def parse_hex(text: str, bits: int = 32) -> int:
+    """``0x10de`` -> 0x10de (vendor and device are 16 bits, ``class`` 24)."""
+    t = _one_line(text, "hex attribute")
+    if not re.fullmatch(r"0[xX][0-9a-fA-F]{1,16}", t):
+        raise SysfsParseError(f"not a hex attribute: {text!r}")
+    return _bounded(int(t, 16), 0, (1 << bits) - 1, text, f"{bits}-bit hex attribute")
+
+
+def parse_pci_id(text: str) -> int:
+    """``vendor`` / ``device``: a 16-bit PCI id."""
+    return parse_hex(text, 16)
+
+
+def parse_pci_class(text: str) -> int:
+    """``class``: base class, subclass and programming interface, 24 bits."""
+    return parse_hex(text, 24)
+
+
+def parse_int(text: str, lo: int | None = None, hi: int | None = None) -> int:
+    """A decimal integer, within ``lo..hi`` when given."""
+    t = _one_line(text, "integer")
+    if not _INT_RE.match(t):
+        raise SysfsParseError(f"not an integer: {text!r}")
+    return _bounded(int(t), lo, hi, text, "integer")
+
+
+def parse_link_width(text: str) -> int:
+    """``current_link_width``/``max_link_width``: lanes, 0 (not trained) to 32."""
+    return parse_int(text, 0, PCIE_MAX_WIDTH)
 
 
 def parse_numa_node(text: str) -> int | None:
     """``-1`` means the device has no NUMA affinity (single-node machines, many VMs)."""
-    node = parse_int(text)
+    node = parse_int(text, -1, MAX_NUMA_NODE)
     return None if node < 0 else node
 
 
 def parse_link_speed(text: str) -> float | None:
-    """``32.0 GT/s PCIe`` -> 32.0; ``Unknown`` (link down or not PCIe) -> None."""
+    """``32.0 GT/s PCIe`` -> 32.0; ``Unknown`` (link down or not PCIe) -> None.
+
+    Only PCIe's own rates are speeds: ``3 GT/s`` or ``99999 GT/s`` is junk, not Gen-unknown.
+    """
     t = text.strip()
     if t.lower().startswith("unknown"):
         return None
     m = _SPEED_RE.match(t)
     if not m:
-        raise ValueError(f"not a PCIe link speed: {text!r}")
-    return float(m.group("gts"))
+        raise SysfsParseError(f"not a PCIe link speed: {text!r}")
+    gts = float(m.group("gts"))
+    if gts not in PCIE_GEN_BY_GTS:
+        raise SysfsParseError(f"not a PCIe transfer rate: {text!r}")
+    return gts
 
 
 def pcie_gen(gts: float | None) -> int | None:
@@ -238,7 +333,8 @@ def parse_aer(text: str) -> AerCounters:
     """``RxErr 0`` ... ``TOTAL_ERR_COR 2`` (one ``name count`` per line) -> AerCounters.
 
     Kernels before 5.x printed multi-word names (``Receiver Error 2``, as in the kernel's own
-    ABI document); the count is always the last token, the name everything before it.
+    ABI document); the count is always the last token, the name everything before it. Counts are
+    the kernel's u64s: a sign, a fraction or more than 2^64 - 1 is junk.
     """
     counters: dict[str, int] = {}
     total: int | None = None
@@ -248,42 +344,64 @@ def parse_aer(text: str) -> AerCounters:
             continue
         head, _, count = line.rpartition(" ")
         name = "_".join(head.split())
-        if not name or not count.isdigit():
-            raise ValueError(f"not an AER counter line: {line!r}")
-        value = int(count)
+        if not name or not _COUNT_RE.match(count):
+            raise SysfsParseError(f"not an AER counter line: {line[:80]!r}")
+        value = _bounded(int(count), 0, U64_MAX, line, "AER count")
         if name.startswith("TOTAL_"):
             total = value
         else:
             counters[name] = value
     if not counters and total is None:
-        raise ValueError("empty AER counter file")
+        raise SysfsParseError("empty AER counter file")
     return AerCounters(counters=counters, total=sum(counters.values()) if total is None else total)
 
 
-def parse_ib_state(text: str) -> tuple[str, int]:
-    """``4: ACTIVE`` -> ("ACTIVE", 4); ``5: LinkUp`` -> ("LinkUp", 5); ``7: Phy Test`` too."""
+def parse_ib_state(text: str, names: Mapping[int, str] | None = None,
+                   unknown: str = "UNKNOWN") -> tuple[str, int]:
+    """``4: ACTIVE`` -> ("ACTIVE", 4); ``5: LinkUp`` -> ("LinkUp", 5); ``7: Phy Test`` too.
+
+    With ``names`` (the kernel's table for the attribute) a known code must carry its own name
+    (``4: DOWN`` is junk) and a code beyond the table the kernel's ``unknown`` word.
+    """
     m = _IB_STATE_RE.match(text.strip())
     if not m:
-        raise ValueError(f"not an RDMA port state: {text!r}")
-    return m.group("name").strip(), int(m.group("code"))
+        raise SysfsParseError(f"not an RDMA port state: {text!r}")
+    name, code = m.group("name").strip(), int(m.group("code"))
+    if names is not None and name != names.get(code, unknown):
+        raise SysfsParseError(f"RDMA port state code {code} does not name {name!r}: {text!r}")
+    return name, code
+
+
+def parse_ib_port_state(text: str) -> tuple[str, int]:
+    """``ports/<n>/state``: ``4: ACTIVE``."""
+    return parse_ib_state(text, IB_PORT_STATES, "UNKNOWN")
+
+
+def parse_ib_phys_state(text: str) -> tuple[str, int]:
+    """``ports/<n>/phys_state``: ``5: LinkUp``."""
+    return parse_ib_state(text, IB_PHYS_STATES, "<unknown>")
 
 
 def parse_ib_rate(text: str) -> float:
     """``400 Gb/sec (4X NDR)`` -> 400.0; ``2.5 Gb/sec (1X SDR)`` -> 2.5."""
     m = _IB_RATE_RE.match(text.strip())
     if not m:
-        raise ValueError(f"not an RDMA port rate: {text!r}")
-    return float(m.group("gbit"))
+        raise SysfsParseError(f"not an RDMA port rate: {text!r}")
+    gbit = float(m.group("gbit"))
+    if not 0 < gbit <= MAX_RDMA_RATE_GBIT:
+        raise SysfsParseError(f"RDMA port rate out of range (0, {MAX_RDMA_RATE_GBIT:g}] Gb/s: "
+                              f"{text!r}")
+    return gbit
 
 
 def parse_counter(text: str) -> int | None:
-    """A port counter; ``None`` for the driver's "N/A (no PMA)"."""
+    """A port counter (u64); ``None`` for the driver's "N/A (no PMA)"."""
     t = text.strip()
     if _COUNTER_NA_RE.match(t):
         return None
-    if not t.isdigit():
-        raise ValueError(f"not a counter value: {text!r}")
-    return int(t)
+    if not _COUNT_RE.match(t):
+        raise SysfsParseError(f"not a counter value: {text!r}")
+    return _bounded(int(t), 0, U64_MAX, text, "counter")
 
 
 # --- the I/O boundary ------------------------------------------------------------------------
@@ -300,15 +418,19 @@ class _Attrs:
     def __init__(self) -> None:
         self.errors: list[SysfsReadError] = []
 
-    def text(self, path: str) -> str | None:
+    def text(self, path: str, required: bool = False) -> str | None:
+        """The file's text; ``None`` when absent (an error too when ``required``)."""
         try:
             data = _read_bytes(path)
         except (FileNotFoundError, NotADirectoryError):
+            if required:
+                self.errors.append(SysfsReadError(path, "missing", "not exported, although the "
+                                                  "kernel exports it with its siblings"))
             return None
         except PermissionError as e:
             self.errors.append(SysfsReadError(path, "permission", e.strerror or str(e)))
             return None
-        except OSError as e:
+        except OSError as e:  # EIO from a dead device, EISDIR, ENODEV, ...
             self.errors.append(SysfsReadError(path, "io", e.strerror or str(e)))
             return None
         try:
@@ -317,13 +439,13 @@ class _Attrs:
             self.errors.append(SysfsReadError(path, "junk", f"not text: {data[:32]!r}"))
             return None
 
-    def parsed(self, path: str, parser: Callable[[str], T]) -> T | None:
-        text = self.text(path)
+    def parsed(self, path: str, parser: Callable[[str], T], required: bool = False) -> T | None:
+        text = self.text(path, required)
         if text is None:
             return None
         try:
             return parser(text)
-        except ValueError as e:
+        except ValueError as e:  # SysfsParseError; ValueError from any parser a caller passes
             self.errors.append(SysfsReadError(path, "junk", str(e)))
             return None
 
@@ -433,25 +555,29 @@ class SysfsReader:
         if not os.path.isdir(path):
             return None  # gone since listing (hot unplug) or a dangling link
         a = _Attrs()
-        ven = a.parsed(os.path.join(path, "vendor"), parse_hex)
+
+        def attr(name: str, parser: Callable[[str], T], required: bool) -> T | None:
+            return a.parsed(os.path.join(path, name), parser, required)
+
+        link = _group_present(path, LINK_ATTRS)
+        aer = _group_present(path, AER_ATTRS)
+        ven = attr("vendor", parse_pci_id, True)
         if vendor is not None and ven != vendor and not (ven is None and a.errors):
             return None
         dev = PciDevice(
             address=address,
             vendor=ven,
-            device=a.parsed(os.path.join(path, "device"), parse_hex),
-            class_code=a.parsed(os.path.join(path, "class"), parse_hex),
-            numa_node=a.parsed(os.path.join(path, "numa_node"), parse_numa_node),
-            current_link_speed_gts=a.parsed(
-                os.path.join(path, "current_link_speed"), parse_link_speed
-            ),
-            max_link_speed_gts=a.parsed(os.path.join(path, "max_link_speed"), parse_link_speed),
-            current_link_width=a.parsed(os.path.join(path, "current_link_width"), parse_int),
-            max_link_width=a.parsed(os.path.join(path, "max_link_width"), parse_int),
+            device=attr("device", parse_pci_id, True),
+            class_code=attr("class", parse_pci_class, True),
+            numa_node=attr("numa_node", parse_numa_node, False),
+            current_link_speed_gts=attr("current_link_speed", parse_link_speed, link),
+            max_link_speed_gts=attr("max_link_speed", parse_link_speed, link),
+            current_link_width=attr("current_link_width", parse_link_width, link),
+            max_link_width=attr("max_link_width", parse_link_width, link),
             driver=a.link_name(os.path.join(path, "driver")),
-            aer_correctable=a.parsed(os.path.join(path, "aer_dev_correctable"), parse_aer),
-            aer_nonfatal=a.parsed(os.path.join(path, "aer_dev_nonfatal"), parse_aer),
-            aer_fatal=a.parsed(os.path.join(path, "aer_dev_fatal"), parse_aer),
+            aer_correctable=attr("aer_dev_correctable", parse_aer, aer),
+            aer_nonfatal=attr("aer_dev_nonfatal", parse_aer, aer),
+            aer_fatal=attr("aer_dev_fatal", parse_aer, aer),
         )
         if not os.path.isdir(path):
             return None  # vanished while we read it: nothing we read can be trusted
@@ -496,6 +622,38 @@ class SysfsReader:
             )
         return ports
 
+    def poll_ib_port(self, port: IbPort) -> IbPort:
+        """``port`` with the four files a steady-state poll needs read again: ``state``,
+        ``phys_state``, ``rate`` and ``counters/link_downed`` (required where discovery found
+        it). Nothing raises; ``errors`` says what could not be read, as for a full walk."""
+        path = self._paths.sys("class", "infiniband", port.device, "ports", str(port.port))
+        a = _Attrs()
+        state = a.parsed(os.path.join(path, "state"), parse_ib_port_state, True)
+        phys = a.parsed(os.path.join(path, "phys_state"), parse_ib_phys_state, True)
+        rate_text, rate_gbit = self._rate(path, a)
+        counters: dict[str, int] = {}
+        if port.counters is not None and "link_downed" in port.counters:
+            downed = a.parsed(os.path.join(path, LINK_DOWNED), parse_counter, True)
+            if downed is not None:
+                counters["link_downed"] = downed
+        return replace(
+            port, state=state[0] if state else None, state_code=state[1] if state else None,
+            phys_state=phys[0] if phys else None, phys_state_code=phys[1] if phys else None,
+            rate_gbit=rate_gbit, rate_text=rate_text, counters=counters, errors=tuple(a.errors))
+
+    @staticmethod
+    def _rate(path: str, a: _Attrs) -> tuple[str | None, float | None]:
+        rate_path = os.path.join(path, "rate")
+        text = a.text(rate_path, True)
+        if text is None:
+            return None, None
+        text = text.strip()
+        try:
+            return text, parse_ib_rate(text)
+        except ValueError as e:
+            a.errors.append(SysfsReadError(rate_path, "junk", str(e)))
+            return text, None
+
     def _read_ib_port(
         self,
         path: str,
@@ -507,18 +665,12 @@ class SysfsReader:
     ) -> IbPort:
         a = _Attrs()
         a.errors.extend(device_errors)
-        state = a.parsed(os.path.join(path, "state"), parse_ib_state)
-        phys = a.parsed(os.path.join(path, "phys_state"), parse_ib_state)
-        rate_text = a.text(os.path.join(path, "rate"))
-        rate_gbit: float | None = None
-        if rate_text is not None:
-            rate_text = rate_text.strip()
-            try:
-                rate_gbit = parse_ib_rate(rate_text)
-            except ValueError as e:
-                a.errors.append(SysfsReadError(os.path.join(path, "rate"), "junk", str(e)))
+        state = a.parsed(os.path.join(path, "state"), parse_ib_port_state, True)
+        phys = a.parsed(os.path.join(path, "phys_state"), parse_ib_phys_state, True)
+        rate_text, rate_gbit = self._rate(path, a)
         link_layer = a.text(os.path.join(path, "link_layer"))
-        counters, unavailable = self._read_counters(os.path.join(path, "counters"), a)
+        counters, unavailable = self._read_counters(os.path.join(path, "counters"), a,
+                                                    required=("link_downed",))
         hw_counters, _ = self._read_counters(os.path.join(path, "hw_counters"), a)
         return IbPort(
             device=device,
@@ -539,7 +691,10 @@ class SysfsReader:
         )
 
     @staticmethod
-    def _read_counters(path: str, a: _Attrs) -> tuple[dict[str, int] | None, tuple[str, ...]]:
+    def _read_counters(path: str, a: _Attrs, required: tuple[str, ...] = ()
+                       ) -> tuple[dict[str, int] | None, tuple[str, ...]]:
+        """Every counter file of ``path``; a ``required`` one must be a readable file whenever
+        the directory holds anything (the kernel creates a counter group whole)."""
         listing = _listdir(path)
         if listing.names is None:
             if listing.kind != "missing":
@@ -547,11 +702,14 @@ class SysfsReader:
             return None, ()
         values: dict[str, int] = {}
         unavailable: list[str] = []
-        for name in listing.names:
+        names = list(listing.names)
+        if names:
+            names += [n for n in required if n not in names]
+        for name in names:
             fpath = os.path.join(path, name)
-            if os.path.isdir(fpath):
+            if name not in required and os.path.isdir(fpath):
                 continue
-            text = a.text(fpath)
+            text = a.text(fpath, name in required)
             if text is None:
                 continue
             try:
@@ -564,6 +722,11 @@ class SysfsReader:
             else:
                 values[name] = v
         return values, tuple(unavailable)
+
+
+def _group_present(path: str, names: tuple[str, ...]) -> bool:
+    """Whether any attribute of a group the kernel exports whole is there (then all must be)."""
+    return any(os.path.lexists(os.path.join(path, n)) for n in names)
 
 
 def _with_errors(dev: PciDevice, a: _Attrs) -> PciDevice:

@@ -12,16 +12,19 @@ spaced ``every=SECONDS`` apart).
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from gpu_monitor.model import canonical_pci
 from gpu_monitor.sim.spec import (
     CLOCK_EVENT_HW_POWER_BRAKE,
     CLOCK_EVENT_HW_SLOWDOWN,
     CLOCK_EVENT_HW_THERMAL,
     GpuSpec,
     NodeSpec,
+    SysfsOverride,
     TimedLine,
 )
 
@@ -96,9 +99,12 @@ _TARGET_RES = {
     "ib": re.compile(r"^ib:[A-Za-z0-9_\-]+:\d+$"),
     "nvswitch": re.compile(r"^nvswitch:\d+$"),
     "node": re.compile(r"^node$"),
+    "sysfs": re.compile(r"^(?:gpu:\d+|nvswitch:\d+|ib:[A-Za-z0-9_\-]+:\d+"
+                        r"|pcie:[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])$"),
 }
 _TARGET_EXAMPLES = {"gpu": "gpu:3", "ib": "ib:mlx5_0:1", "nvswitch": "nvswitch:0",
-                    "node": "node"}
+                    "node": "node",
+                    "sysfs": "gpu:0, nvswitch:0, ib:mlx5_0:1 or pcie:0000:4f:00.0"}
 
 
 # --- kernel-log lines, in the real NVRM/nvswitch formats ------------------------------------------
@@ -322,6 +328,104 @@ def _missing(spec: NodeSpec, f: Fault) -> None:
         spec.torch_available = False
 
 
+def _exit_code(f: Fault) -> int:
+    code = f.int("exit")
+    if not 0 <= code <= 255:
+        raise InjectError(f"{f.text}: exit={code} is not an exit status (0..255)")
+    return code
+
+
+DCGM_CUTS = ("Metadata", "Deployment", "Integration", "Hardware", "Stress", "end")
+
+
+def _dcgm_output(spec: NodeSpec, f: Fault) -> None:
+    """What the fake dcgmi prints and returns instead of a faithful report."""
+    if not f.params:
+        raise InjectError(f"{f.text}: give at least one of format=, exit=, cut=, lines=, "
+                          "drop=, status=, file=")
+    out = spec.dcgm_output
+    if "format" in f.params:
+        out["format"] = f.choice("format", ("json", "text"))
+    if "exit" in f.params:
+        out["exit"] = _exit_code(f)
+    if "cut" in f.params:
+        out["cut"] = f.choice("cut", DCGM_CUTS)
+    if "lines" in f.params:
+        out["lines"] = f.int("lines")
+        if out["lines"] < 0:
+            raise InjectError(f"{f.text}: lines must be >= 0")
+    if "drop" in f.params:
+        index = f.int("drop")
+        try:
+            spec.gpu(index)
+        except KeyError as exc:
+            raise InjectError(f"{f.text}: {exc.args[0]}") from None
+        out.setdefault("drop", []).append(index)
+    if "status" in f.params:
+        word = f.params["status"]
+        if not word or "\n" in word:
+            raise InjectError(f"{f.text}: status= needs a word")
+        out["status"] = word
+    if "file" in f.params:
+        if not os.path.isfile(f.params["file"]):
+            raise InjectError(f"{f.text}: file={f.params['file']!r} does not exist")
+        out["file"] = os.path.abspath(f.params["file"])
+
+
+PERFTEST_CUTS = ("before-report", "after-header", "mid-row", "before-rule")
+
+
+def _ib_bw_output(spec: NodeSpec, f: Fault) -> None:
+    """How the fake ib_write_bw mangles its report on that port (server and client alike)."""
+    dev, port = f.ib
+    try:
+        p = spec.ib_port(dev, port)
+    except KeyError as exc:
+        raise InjectError(f"{f.text}: {exc.args[0]}") from None
+    if not f.params:
+        raise InjectError(f"{f.text}: give cut= ({', '.join(PERFTEST_CUTS)}) and/or exit=")
+    if "cut" in f.params:
+        p.perftest_output["cut"] = f.choice("cut", PERFTEST_CUTS)
+    if "exit" in f.params:
+        p.perftest_output["exit"] = _exit_code(f)
+
+
+SYSFS_SHAPES = ("text", "empty", "binary", "dir", "missing")
+
+
+def _sysfs(spec: NodeSpec, f: Fault) -> None:
+    """Replace one file of a PCI function (gpu:/nvswitch:/pcie: target, file relative to the
+    function's directory) or of an RDMA port (ib: target, relative to ``ports/<n>``)."""
+    rel = f.params.get("file", "").strip()
+    parts = rel.split("/")
+    if not rel or rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise InjectError(f"{f.text}: file= must name a file below the target's directory, "
+                          "e.g. file=max_link_width or file=counters/link_downed")
+    shape = f.choice("shape", SYSFS_SHAPES, "text")
+    if shape == "text" and "value" not in f.params:
+        raise InjectError(f"{f.text}: shape=text needs value=TEXT")
+    kind, _, rest = f.target.partition(":")
+    try:
+        if kind == "ib":
+            dev, port = f.ib
+            spec.ib_port(dev, port)
+            owner = f"ib:{dev}:{port}"
+        elif kind == "gpu":
+            owner = f"pci:{canonical_pci(spec.gpu(f.gpu_index).pci_bus_id)}"
+        elif kind == "nvswitch":
+            owner = f"pci:{canonical_pci(spec.nvswitch(int(rest)).pci_bus_id)}"
+        else:
+            addr = canonical_pci(rest)
+            known = {canonical_pci(x.pci_bus_id) for x in (*spec.gpus, *spec.nvswitches,
+                                                            *spec.ib_ports)}
+            if addr not in known:
+                raise KeyError(f"no PCI function {addr} on this simulated node")
+            owner = f"pci:{addr}"
+    except KeyError as exc:
+        raise InjectError(f"{f.text}: {exc.args[0]}") from None
+    spec.sysfs_overrides[(owner, rel)] = SysfsOverride(shape, f.params.get("value", ""))
+
+
 NVML_ERRORS = ("GpuIsLost", "NotSupported", "Unknown", "NoPermission", "Timeout",
                "InvalidArgument", "Uninitialized", "DriverNotLoaded", "InsufficientResources")
 
@@ -368,6 +472,9 @@ _EXAMPLES = {
     'nvml-error': 'nvml-error@gpu:2,call=nvmlDeviceGetTemperature,error=Unknown',
     'gpu-process': 'gpu-process@gpu:0,pid=1234',
     'missing': 'missing@node,what=dcgmi',
+    'sysfs': 'sysfs@ib:mlx5_0:1,file=rate,value=banana',
+    'dcgm-output': 'dcgm-output@node,format=text,lines=20',
+    'ib-bw-output': 'ib-bw-output@ib:mlx5_0:1,cut=mid-row',
 }
 
 KINDS: dict[str, FaultKind] = {
@@ -419,6 +526,17 @@ KINDS: dict[str, FaultKind] = {
                   "the image lacks a tool or runtime: dcgmi, nv-hostengine (DCGM's host "
                   "engine not running), ib_write_bw (perftest), torch (the passive image)",
                   _missing),
+        FaultKind("sysfs", "sysfs", ("file", "value", "shape"),
+                  "one sysfs file of a PCI function or RDMA port holds value=TEXT, or is "
+                  "shape=empty|binary|dir|missing", _sysfs),
+        FaultKind("dcgm-output", "node",
+                  ("format", "exit", "cut", "lines", "drop", "status", "file"),
+                  "the fake dcgmi diag prints format=json|text whatever -j says, stops before "
+                  "the cut=SECTION|end or after lines=N, exits exit=N, leaves GPU drop=N out, "
+                  "prints status=WORD for every pass, or prints file=PATH", _dcgm_output),
+        FaultKind("ib-bw-output", "ib", ("cut", "exit"),
+                  "the fake ib_write_bw cuts its report short (cut=before-report|after-header|"
+                  "mid-row|before-rule) or exits exit=N", _ib_bw_output),
     )
 }
 

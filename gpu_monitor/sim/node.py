@@ -245,6 +245,7 @@ class SimulatedNode:
             "profile": self.spec.profile,
             "elapsed_s": self._elapsed,
             "dcgm_available": self.spec.dcgm_available,
+            "dcgm_output": self.spec.dcgm_output,
             "driver_version": self.spec.driver_version,
             "gpus": [
                 {"index": g.index, "uuid": g.uuid, "name": g.name, "pci_bus_id": g.pci_bus_id,
@@ -256,7 +257,7 @@ class SimulatedNode:
             "ib_ports": [
                 {"device": p.device, "port": p.port, "state": p.state,
                  "loopback_gbit": p.loopback_gbit, "rate_gbit": p.rate_gbit,
-                 "link_layer": p.link_layer}
+                 "link_layer": p.link_layer, "output": p.perftest_output}
                 for p in self.spec.ib_ports
             ],
         }

@@ -11,6 +11,7 @@ unchanged.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 # NVML clock-event reason bits (nvml.h: nvmlClocksEventReason*).
 CLOCK_EVENT_GPU_IDLE = 0x1
@@ -116,6 +117,8 @@ class IbPortSpec:
     symbol_error: int = 0
     link_error_recovery: int = 0
     loopback_gbit: float = 392.0  # what a fake ib_write_bw loopback measures
+    # An ib-bw-output fault: how the fake ib_write_bw mangles its report (cut=, exit=).
+    perftest_output: dict[str, Any] = field(default_factory=dict)
     # Scheduled outages: (start_s, duration_s) relative to the simulation start
     outages: list[tuple[float, float]] = field(default_factory=list)
 
@@ -134,6 +137,19 @@ class TimedLine:
     after_s: float
     message: str
     priority: int = 4  # KERN_WARNING, as NVRM logs Xids
+
+
+@dataclass(frozen=True)
+class SysfsOverride:
+    """One sysfs file of the simulated node replaced by content no healthy kernel writes.
+
+    ``shape``: ``text`` (``content`` then a newline, as the kernel ends its attributes),
+    ``empty``, ``binary`` (bytes that are not UTF-8), ``dir`` (a directory where the file
+    should be), ``missing`` (the file is not there).
+    """
+
+    shape: str
+    content: str = ""
 
 
 @dataclass
@@ -155,6 +171,10 @@ class NodeSpec:
     perftest_available: bool = True
     torch_available: bool = True  # the workers' interpreter has torch (False: the passive image)
     fabric_manager_running: bool = True
+    # A dcgm-output fault: what the fake dcgmi prints instead (format, exit, lines, drop, ...).
+    dcgm_output: dict[str, Any] = field(default_factory=dict)
+    # ("pci:<address>" | "ib:<device>:<port>", file relative to that directory) -> override
+    sysfs_overrides: dict[tuple[str, str], SysfsOverride] = field(default_factory=dict)
 
     def gpu(self, index: int) -> GpuSpec:
         for g in self.gpus:

@@ -22,6 +22,11 @@ only what a fault can change (port state and counters, AER counters, link speed/
 presence, processes, boot id/uptime), and every write is a temp file plus ``os.replace`` in the
 same directory, so a concurrent reader sees the old or the new content, never a torn file. Temp
 names start with a dot; the readers skip dot files, as real sysfs has none.
+
+``NodeSpec.sysfs_overrides`` (the ``sysfs`` fault) replace single files of a PCI function or an
+RDMA port with content no healthy kernel writes (garbage, empty, not UTF-8, a directory, absent);
+every later write of that directory keeps them, so a reader never sees the healthy value between
+two renders.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from itertools import count
 
 from gpu_monitor.hw.paths import HostPaths
 from gpu_monitor.model import canonical_pci
-from gpu_monitor.sim.spec import GpuSpec, IbPortSpec, NodeSpec, NvSwitchSpec
+from gpu_monitor.sim.spec import GpuSpec, IbPortSpec, NodeSpec, NvSwitchSpec, SysfsOverride
 
 NVIDIA_VENDOR = 0x10DE
 MELLANOX_VENDOR = 0x15B3
@@ -182,6 +187,33 @@ def _gpu_static(g: GpuSpec) -> dict[str, str]:
 # --- file primitives -------------------------------------------------------------------------
 
 
+class _Node:
+    """What a path should be when it is not a file of text: a directory, or nothing."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+DIRECTORY = _Node("DIRECTORY")
+ABSENT = _Node("ABSENT")
+# The bytes a ``binary`` override writes: not UTF-8 (a lone continuation byte, 0xff).
+NOT_UTF8 = b"\xff\xfe\x80\x00garbage\x9c\n"
+Content = str | bytes | _Node
+
+
+def overridden(files: Mapping[str, str], overrides: Mapping[str, SysfsOverride]
+               ) -> dict[str, Content]:
+    """``files`` with each overridden name replaced by what the override says it holds."""
+    out: dict[str, Content] = dict(files)
+    for rel, o in overrides.items():
+        out[rel] = {"text": o.content + "\n", "empty": "", "binary": NOT_UTF8,
+                    "dir": DIRECTORY, "missing": ABSENT}[o.shape]
+    return out
+
+
 def _write_atomic(path: str, content: str) -> None:
     directory, name = os.path.split(path)
     if not os.path.isdir(directory):  # a stat is far cheaper than mkdir's EEXIST round trip
@@ -192,22 +224,50 @@ def _write_atomic(path: str, content: str) -> None:
     os.replace(tmp, path)
 
 
-def _sync_file(path: str, content: str) -> bool:
-    """Write ``content`` unless the file already holds it; True when written."""
-    if not os.path.isfile(path):
-        _write_atomic(path, content)
+def _write_atomic_bytes(path: str, content: bytes) -> None:
+    directory, name = os.path.split(path)
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".{name}.tmp{os.getpid()}.{next(_tmp_seq)}")
+    with open(tmp, "wb") as f:
+        f.write(content)
+    os.replace(tmp, path)
+
+
+def _sync_node(path: str, content: _Node) -> bool:
+    if content is DIRECTORY:
+        if os.path.isdir(path) and not os.path.islink(path):
+            return False
+        _remove(path)
+        os.makedirs(path)
         return True
-    try:
-        with open(path, encoding="utf-8") as f:
-            if f.read() == content:
-                return False
-    except (FileNotFoundError, NotADirectoryError, UnicodeDecodeError):
-        pass
-    _write_atomic(path, content)
+    if not os.path.lexists(path):
+        return False
+    _remove(path)
     return True
 
 
-def _sync_files(directory: str, files: Mapping[str, str]) -> None:
+def _sync_file(path: str, content: Content) -> bool:
+    """Make ``path`` hold ``content`` unless it already does; True when written."""
+    if isinstance(content, _Node):
+        return _sync_node(path, content)
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)  # an override that made it a directory was lifted
+    data = content.encode("utf-8") if isinstance(content, str) else content
+    if os.path.isfile(path):
+        try:
+            with open(path, "rb") as f:
+                if f.read() == data:
+                    return False
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+    if isinstance(content, str):
+        _write_atomic(path, content)
+    else:
+        _write_atomic_bytes(path, data)
+    return True
+
+
+def _sync_files(directory: str, files: Mapping[str, Content]) -> None:
     for rel, content in files.items():
         _sync_file(os.path.join(directory, rel), content)
 
@@ -240,9 +300,17 @@ def _remove(path: str) -> None:
 class _Layout:
     """Where each object of the spec lives below ``root``."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, spec: NodeSpec | None = None) -> None:
         self.root = root
         self.paths = HostPaths().under(root)
+        self._overrides: dict[str, dict[str, SysfsOverride]] = {}
+        for (owner, rel), o in (spec.sysfs_overrides if spec is not None else {}).items():
+            self._overrides.setdefault(owner, {})[rel] = o
+
+    def files(self, owner: str, files: Mapping[str, str]) -> dict[str, Content]:
+        """``files`` of ``owner`` (``pci:<address>``, ``ib:<device>:<port>``) with the
+        ``sysfs`` faults that replace some of them."""
+        return overridden(files, self._overrides.get(owner, {}))
 
     def pci_dir(self, address: str) -> str:
         addr = canonical_pci(address)
@@ -262,7 +330,7 @@ def _write_pci_function(lay: _Layout, address: str, files: Mapping[str, str],
                         driver: str) -> None:
     addr = canonical_pci(address)
     directory = lay.pci_dir(addr)
-    _sync_files(directory, files)
+    _sync_files(directory, lay.files(f"pci:{addr}", files))
     os.makedirs(lay.paths.sys("bus", "pci", "drivers", driver), exist_ok=True)
     # <sys>/devices/pci0000:18/0000:18:00.0/driver -> ../../../bus/pci/drivers/nvidia
     _sync_symlink(os.path.join(directory, "driver"), f"../../../bus/pci/drivers/{driver}")
@@ -320,7 +388,8 @@ def _write_hca(lay: _Layout, address: str, ports: list[IbPortSpec]) -> None:
             port_dir = lay.ib_port_dir(p)
             static = {f"counters/{c}": "0\n" for c in IB_COUNTERS}
             static.update({f"hw_counters/{c}": "0\n" for c in IB_HW_COUNTERS})
-            _sync_files(port_dir, {**static, **ib_port_dynamic_files(p)})
+            _sync_files(port_dir, lay.files(f"ib:{p.device}:{p.port}",
+                                            {**static, **ib_port_dynamic_files(p)}))
 
 
 def _nvswitch_numa(spec: NodeSpec) -> int | None:
@@ -387,7 +456,7 @@ def _write_dev(lay: _Layout, spec: NodeSpec) -> None:
 
 def write_tree(root: str, spec: NodeSpec) -> HostPaths:
     """Render ``spec`` below ``root`` (created if needed) and return the paths to read it."""
-    lay = _Layout(root)
+    lay = _Layout(root, spec)
     for sub in (lay.paths.sys("bus", "pci", "devices"), lay.paths.sys("class", "infiniband"),
                 lay.paths.procfs, lay.paths.dev):
         os.makedirs(sub, exist_ok=True)
@@ -414,7 +483,7 @@ def update_tree(root: str, spec: NodeSpec) -> HostPaths:
     ``off_bus`` is removed, one that comes back is rendered again); processes; boot id, uptime,
     hostname. Identity attributes (vendor, class, NUMA node, topology) are written once.
     """
-    lay = _Layout(root)
+    lay = _Layout(root, spec)
     for g in spec.gpus:
         present = _gpu_present(lay, g)
         if g.off_bus:
@@ -423,12 +492,14 @@ def update_tree(root: str, spec: NodeSpec) -> HostPaths:
         elif not present:
             _write_gpu(lay, g)
         else:
-            _sync_files(lay.pci_dir(g.pci_bus_id), _gpu_dynamic(g))
+            _sync_files(lay.pci_dir(g.pci_bus_id),
+                        lay.files(f"pci:{canonical_pci(g.pci_bus_id)}", _gpu_dynamic(g)))
     for address, ports in _hca_ports(spec).items():
         if not all(os.path.isdir(lay.ib_port_dir(p)) for p in ports):
             _write_hca(lay, address, ports)  # a port the tree has not seen yet
             continue
         for p in ports:
-            _sync_files(lay.ib_port_dir(p), ib_port_dynamic_files(p))
+            _sync_files(lay.ib_port_dir(p),
+                        lay.files(f"ib:{p.device}:{p.port}", ib_port_dynamic_files(p)))
     _write_proc(lay, spec)
     return lay.paths

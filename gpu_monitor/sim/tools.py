@@ -21,6 +21,13 @@ prints, with the simulated values, so the real parsers and checks run unchanged:
   ``--use_cuda=N`` prints perftest's CUDA set-up lines and fails for a GPU that does not exist;
   a device that does not exist or a port that is not ACTIVE fails as perftest does.
 
+Bad output on purpose: a ``dcgm-output`` fault makes ``dcgmi`` print the text table or JSON
+whatever ``-j`` says, leave GPUs out of every result, print another status word for every pass,
+print a recorded file instead, stop after N lines or exit with another status; an
+``ib-bw-output`` fault cuts ``ib_write_bw``'s report short (before or after its header, inside
+the row, before the closing rule) or changes its exit status. ``ib-bw`` values are printed as
+given, NaN, negative or 10^30 included.
+
 The programs use only the standard library and never touch anything but the state file and the
 one TCP port they are given.
 """
@@ -141,9 +148,10 @@ def info(test, gpu):
     return []
 
 
-def outcomes(state, level):
-    """{(category, test): {gpu: failure dict or None}} for every test of the run."""
-    devices = gpus(state)
+def outcomes(state, level, drop=()):
+    """{(category, test): {gpu: failure dict or None}} for every test of the run; GPUs in
+    ``drop`` are left out of every result (a run that did not cover them)."""
+    devices = [g for g in gpus(state) if g["index"] not in drop]
     failing = {}
     for g in devices:
         for t in g.get("dcgm_failures", []):
@@ -159,7 +167,7 @@ def outcomes(state, level):
     return out
 
 
-def as_json(results):
+def as_json(results, pass_word="PASS"):
     categories = []
     for (cat, test), per_gpu in results.items():
         entry = next((c for c in categories if c["category"] == cat), None)
@@ -169,14 +177,14 @@ def as_json(results):
         rows = []
         passed = [g for g, f in per_gpu.items() if f is None]
         if cat == "Deployment" and passed:
-            rows.append({"gpu_ids": ",".join(str(g) for g in passed), "status": "PASS"})
+            rows.append({"gpu_ids": ",".join(str(g) for g in passed), "status": pass_word})
             per_gpu = {g: f for g, f in per_gpu.items() if f is not None}
         for gpu, fail in per_gpu.items():
             row = {"gpu_ids": str(gpu)}
             lines = info(test, gpu)
             if lines:
                 row["info"] = lines
-            row["status"] = "PASS" if fail is None else "FAIL"
+            row["status"] = pass_word if fail is None else "FAIL"
             if fail is not None:
                 row["warnings"] = [fail]
             rows.append(row)
@@ -190,7 +198,7 @@ def cell_rows(name, text, width=46):
     return [(name if i == 0 else "", c) for i, c in enumerate(chunks)]
 
 
-def as_text(results, state):
+def as_text(results, state, pass_word="Pass", drop=()):
     left, right = 27, 48
     border = "+" + "-" * left + "+" + "-" * right + "+"
 
@@ -202,7 +210,7 @@ def as_text(results, state):
     def row(name, value):
         return f"| {name:<{left - 2}} | {value:<{right - 2}} |"
 
-    devices = gpus(state)
+    devices = [g for g in gpus(state) if g["index"] not in drop]
     lines = ["Successfully ran diagnostic for group.", border,
              row("Diagnostic", "Result"), "+" + "=" * left + "+" + "=" * right + "+",
              section("Metadata", True), row("DCGM Version", "3.3.9"),
@@ -217,11 +225,11 @@ def as_text(results, state):
         passed = [g for g, f in per_gpu.items() if f is None]
         failed = {g: f for g, f in per_gpu.items() if f is not None}
         if not failed:
-            lines.append(row(name, "Pass" if cat == "Deployment" else "Pass - All"))
+            lines.append(row(name, pass_word if cat == "Deployment" else f"{pass_word} - All"))
             continue
         first = name
         if passed:
-            lines.append(row(first, "Pass - GPUs: " + ", ".join(str(g) for g in passed)))
+            lines.append(row(first, f"{pass_word} - GPUs: " + ", ".join(str(g) for g in passed)))
             first = ""
         for gpu, fail in failed.items():
             lines.append(row(first, f"Fail - GPU: {gpu}"))
@@ -232,18 +240,46 @@ def as_text(results, state):
     return "\n".join(lines) + "\n"
 
 
+def cut_at(lines, section):
+    """Where output cut before ``section`` ends: the line that opens that category (text
+    ``-----  Name  --``, JSON ``"category" : "Name"``), or for ``end`` the closing line."""
+    if section == "end":
+        return max(0, len(lines) - 1)
+    for i, line in enumerate(lines):
+        if f"  {section}  ".encode() in line or f'"{section}"'.encode() in line:
+            return i
+    return len(lines)
+
+
 def diag(args, state):
     level_arg = option(args, "-r", "--run") or "1"
     level = LEVELS.get(level_arg.lower())
     if level is None:
         sys.stderr.write(f"Error: invalid run level '{level_arg}'\n")
         return 255
-    results = outcomes(state, level)
+    # A dcgm-output fault: what this dcgmi prints and returns instead of a faithful report.
+    bad = state.get("dcgm_output") or {}
+    drop = {int(g) for g in bad.get("drop", [])}
+    results = outcomes(state, level, drop)
     fails = [f for per in results.values() for f in per.values() if f is not None]
-    if "-j" in args or "--json" in args:
-        sys.stdout.write(as_json(results))
+    json_out = bad.get("format", "json" if "-j" in args or "--json" in args else "text")
+    if bad.get("file"):
+        with open(bad["file"], "rb") as fh:
+            data = fh.read()
+    elif json_out == "json":
+        data = as_json(results, bad.get("status", "PASS")).encode()
     else:
-        sys.stdout.write(as_text(results, state))
+        data = as_text(results, state, bad.get("status", "Pass"), drop).encode()
+    lines = data.splitlines(keepends=True)
+    if bad.get("cut"):
+        lines = lines[:cut_at(lines, bad["cut"])]
+    if bad.get("lines") is not None:
+        lines = lines[:int(bad["lines"])]
+    data = b"".join(lines)
+    sys.stdout.flush()
+    sys.stdout.buffer.write(data)
+    if bad.get("exit") is not None:
+        return int(bad["exit"])
     if not fails:
         return 0
     return 205 if any(f["error_severity"] == 2 for f in fails) else 226
@@ -380,12 +416,23 @@ def header(opts, port, lid, qpn, peer_qpn):
     print(RULE)
 
 
-def report(opts, numbers):
+def report(opts, numbers, cut=None):
+    """The bandwidth report; an ib-bw-output fault's ``cut`` ends it early: before the header,
+    after it, inside the row's average column, or before the closing rule."""
     unit = "Gb/sec" if opts["gbits"] else "MB/sec"
+    if cut == "before-report":
+        return
     print(f" #bytes     #iterations    BW peak[{unit}]    BW average[{unit}]   MsgRate[Mpps]")
+    if cut == "after-header":
+        return
     peak, avg, rate = numbers
-    print(f" {opts['size']:<10d} {opts['iters']:<16d} {peak:<19.2f} {avg:<16.2f}\t   {rate:.6f}")
-    print(RULE)
+    head = f" {opts['size']:<10d} {opts['iters']:<16d} {peak:<19.2f} "
+    if cut == "mid-row":
+        print(head + f"{avg:.2f}"[:2])
+        return
+    print(head + f"{avg:<16.2f}\t   {rate:.6f}")
+    if cut != "before-rule":
+        print(RULE)
 
 
 def measure(opts, port):
@@ -431,8 +478,9 @@ def server(opts, port):
         sys.stderr.write(" Failed to exchange data between server and clients\n")
         return 1
     header(opts, port, hello["lid"], 0x095E, hello["qpn"])
-    report(opts, done["numbers"])
-    return 0
+    bad = port.get("output") or {}
+    report(opts, done["numbers"], bad.get("cut"))
+    return int(bad.get("exit", 0))
 
 
 def client(opts, port):
@@ -453,10 +501,11 @@ def client(opts, port):
         numbers = measure(opts, port)
         time.sleep(0.02)
         header(opts, port, 0xD06, 0x095F, peer["qpn"])
-        report(opts, numbers)
+        bad = port.get("output") or {}
+        report(opts, numbers, bad.get("cut"))
         sys.stdout.flush()
         conn.sendall((json.dumps({"numbers": numbers}) + "\n").encode())
-    return 0
+    return int(bad.get("exit", 0))
 
 
 def main(argv):

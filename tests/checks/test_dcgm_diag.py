@@ -196,7 +196,10 @@ def test_real_4x_failure_with_garbage_preamble_and_nonzero_exit(bad, fixtures_di
     text = fixture_text(fixtures_dir,
                         "dcgm_4.2.3_diag_r1_json_GB10_software_fail_UNVERIFIED_REPO.json")
     res = bad(stdout="WARNING: something odd\n" + text, code=226)
-    assert not_ok(res) == {"gpu:0": (Status.FAILED, "DcgmDiagFail")}
+    # The GB10 report covers one GPU; the simulated node has eight.
+    assert not_ok(res) == {"gpu:0": (Status.FAILED, "DcgmDiagFail"),
+                           **{f"gpu:{i}": (Status.UNKNOWN, "DcgmGpuNotReported")
+                              for i in range(1, 8)}}
     f = res["gpu:0"].details["failures"][0]
     assert f["test"] == "software" and f["warnings"][0]["error_id"] == 29
     assert res["gpu:0"].details["dcgm_version"] == "4.2.3"
@@ -206,8 +209,12 @@ def test_every_failing_result_not_just_the_first(bad, fixtures_dir):
     res = bad(stdout=fixture_text(fixtures_dir,
                                   "dcgm_3x_diag_json_4gpu_testfixture_warnings_fail.json"),
               code=226)
-    assert not_ok(res) == {f"gpu:{i}": (Status.FAILED, "DcgmDiagFail") for i in (0, 2, 3)}
-    assert res["gpu:1"].status is Status.OK
+    assert not_ok(res) == {**{f"gpu:{i}": (Status.FAILED, "DcgmDiagFail") for i in (0, 2, 3)},
+                           **{f"gpu:{i}": (Status.UNKNOWN, "DcgmGpuNotReported")
+                              for i in range(4, 8)}}
+    assert res["gpu:1"].status is Status.OK  # the exit status is explained by the failures
+    assert list(res["gpu:5"].details["gpus_reported"]) == [0, 1, 2, 3]
+    assert "dcgmi diag reported no result for gpu:5" in res["gpu:5"].message
     assert "memory" in res["gpu:0"].details["skipped_tests"]
 
 
@@ -235,15 +242,20 @@ def test_nonzero_exit_without_any_failure_is_not_ok(bad, fixtures_dir):
     res = bad(stdout=fixture_text(fixtures_dir,
                                   "dcgm_3.1.0_diag_json_8gpu_pass_realoutput_with_preamble.txt"),
               code=3)
-    assert not_ok(res) == {"node": (Status.UNKNOWN, "DcgmError")}
-    assert res["gpu:7"].status is Status.OK
+    assert not_ok(res) == {t: (Status.UNKNOWN, "DcgmError")
+                           for t in ["node", *(f"gpu:{i}" for i in range(8))]}
+    assert "exited 3 although no test failed" in res["gpu:7"].message
+    assert res["gpu:7"].details["pending_reason"] == "Ok"
 
 
 def test_text_output_that_is_cut_short_is_unknown(bad, fixtures_dir):
     res = bad(stdout=fixture_text(fixtures_dir,
                                   "issue_DCGM253_dcgmi_diag_text_4.2.3_4xL40S_26b9_TRUNCATED.txt"))
-    assert not_ok(res) == {"node": (Status.UNKNOWN, "DcgmIncomplete")}
-    assert res["gpu:3"].status is Status.OK
+    assert not_ok(res) == {**{t: (Status.UNKNOWN, "DcgmIncomplete")
+                              for t in ["node", *(f"gpu:{i}" for i in range(4))]},
+                           **{f"gpu:{i}": (Status.UNKNOWN, "DcgmGpuNotReported")
+                              for i in range(4, 8)}}
+    assert "cut short" in res["gpu:3"].message
 
 
 def test_connection_error_on_stdout_with_nonzero_exit_is_skipped(bad):

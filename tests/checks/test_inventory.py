@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from checks.inventory import Inventory, version_tuple
@@ -70,6 +72,23 @@ def test_cpu_only_node_is_healthy_without_nvml(sim):
     _, ctx = sim("cpu-only")
     (r,) = run_check(Inventory(), ctx).results
     assert r.status is Status.OK and r.details["found_gpus"] == 0
+
+
+@pytest.mark.parametrize("name,content", [("class", "banana\n"), ("vendor", b"\xff\xfe"),
+                                          ("class", None)])
+def test_without_nvml_a_pci_function_that_cannot_be_identified_is_not_no_gpu(sim, name,
+                                                                             content):
+    node, ctx = sim("cpu-only")
+    fn = os.path.join(node.paths.sys("bus", "pci", "devices"), "0000:53:00.0")
+    os.makedirs(fn)
+    files = {"vendor": "0x10de\n", "device": "0x2330\n", "class": "0x030200\n", name: content}
+    for n, c in files.items():
+        if c is not None:
+            with open(os.path.join(fn, n), "wb") as f:
+                f.write(c.encode() if isinstance(c, str) else c)
+    (r,) = run_check(Inventory(), ctx).results
+    assert (r.status, r.reason, r.target) == (Status.UNKNOWN, "SysfsReadError", "node")
+    assert f"0000:53:00.0/{name}" in r.message
 
 
 def test_profile_expecting_gpus_on_gpu_less_node_fails(sim):

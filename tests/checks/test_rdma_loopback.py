@@ -150,8 +150,10 @@ sys.stderr.write(s.get("stderr", ""))
 sys.exit(s.get("code", 0))
 """
 
+RULE = "-" * 87 + "\n"  # perftest's RESULT_LINE, printed after the report (write_bw.c)
 GOOD = (" #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n"
-        " 8388608    5000             393.10              392.55               0.005850\n")
+        " 8388608    5000             393.10              392.55               0.005850\n"
+        + RULE)
 FAST = {"rdma_loopback": {"run_timeout_s": 1.0, "server_start_s": 0.3, "connect_retries": 2,
                           "server_exit_s": 0.5}}
 
@@ -198,6 +200,14 @@ def test_mb_per_sec_report_is_converted(bad):
     ({"stderr": " Couldn't get context for the device\n", "code": 1}, "PerftestFailed",
      "exited 1: Couldn't get context for the device"),
     ({"sleep": 30, "stdout": GOOD}, "PerftestHang", "did not finish within 1 s"),
+    ({"stdout": GOOD.replace("392.55", "nan")}, "PerftestBadOutput", "not a finite"),
+    ({"stdout": GOOD.replace("392.55", "-392.55")}, "PerftestBadOutput", "not a finite"),
+    ({"stdout": GOOD.replace("392.55", "1" + "0" * 30)}, "PerftestBadOutput",
+     "faster than any RDMA link"),
+    ({"stdout": GOOD.replace("392.55", "1000.00")}, "PerftestBadOutput",
+     "above the port's rate of 400 Gb/s"),
+    ({"stdout": GOOD.replace(RULE, "")}, "PerftestBadOutput", "cut short"),
+    ({"stdout": GOOD.split("392.55")[0] + "39\n"}, "PerftestBadOutput", "cut short"),
 ])
 def test_bad_client_runs_are_unknown_naming_the_device(bad, client, reason, needle):
     r = bad(client=client)

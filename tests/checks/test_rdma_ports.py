@@ -450,6 +450,30 @@ def test_junk_in_the_state_file_is_unknown(rig):
     assert r.log[-1][1][PORT].status is Status.OK  # the other ports are still judged
 
 
+@pytest.mark.parametrize("rel,content", [
+    ("rate", "banana\n"), ("rate", ""), ("rate", "-400 Gb/sec (4X NDR)\n"), ("rate", None),
+    ("phys_state", "5: ACTIVE\n"), ("counters/link_downed", "-1\n"),
+    ("counters/link_downed", None),
+], ids=["rate-garbage", "rate-empty", "rate-negative", "rate-directory", "phys-mismatch",
+        "link-downed-negative", "link-downed-directory"])
+def test_a_judged_file_that_does_not_parse_makes_the_polled_port_unknown(rig, rel, content):
+    r = rig()
+    assert r.run_to(0)["ib:mlx5_2:1"].status is Status.OK
+    path = os.path.join(r.node.paths.sys("class", "infiniband", "mlx5_2", "ports", "1"), rel)
+    os.unlink(path)
+    if content is None:
+        os.mkdir(path)
+    else:
+        with open(path, "w") as f:
+            f.write(content)
+    r.step()
+    res = r.poll()["ib:mlx5_2:1"]
+    assert (res.status, res.reason) == (Status.UNKNOWN, "SysfsReadError")
+    assert os.path.basename(rel) in res.message
+    assert any(path in e for e in res.details["read_errors"])
+    assert r.log[-1][1][PORT].status is Status.OK  # the other ports are still judged
+
+
 # --- real sysfs and ibstat samples ---------------------------------------------------------------
 
 

@@ -65,7 +65,8 @@ def test_missing_files_are_none(tmp_path):
     assert reader.pids() == []
 
 
-@pytest.mark.parametrize("content", ["", "\n", "soon\n"])
+@pytest.mark.parametrize("content", ["", "\n", "soon\n", "nan 1.0\n", "-5.00 1.0\n", "inf 0\n",
+                                     "1e400 0\n"])
 def test_junk_uptime_is_none(tmp_path, content):
     (tmp_path / "uptime").write_text(content)
     assert ProcfsReader(HostPaths(procfs=str(tmp_path))).uptime_s() is None

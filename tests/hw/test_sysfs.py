@@ -359,12 +359,23 @@ def test_empty_root_is_available_with_no_devices(tmp_path):
 
 
 def test_missing_attributes_are_none_without_errors(tmp_path):
-    _pci_tree(tmp_path, numa_node=None, aer_dev_fatal=None, max_link_speed=None)
+    # No NUMA (CONFIG_NUMA off), no AER capability, not PCI Express: whole groups absent.
+    _pci_tree(tmp_path, numa_node=None, aer_dev_fatal=None, aer_dev_nonfatal=None,
+              aer_dev_correctable=None, max_link_speed=None, current_link_speed=None,
+              max_link_width=None, current_link_width=None)
     gpu = _reader(tmp_path).nvidia_gpus()[0]
     assert (gpu.numa_node, gpu.aer_fatal, gpu.max_link_speed_gts) == (None, None, None)
     assert gpu.speed_downgraded is None
     assert gpu.driver is None
     assert gpu.errors == ()
+
+
+@pytest.mark.parametrize("name", ["aer_dev_fatal", "max_link_speed", "current_link_width",
+                                  "vendor", "device", "class"])
+def test_one_attribute_missing_from_a_group_the_kernel_exports_whole_is_an_error(tmp_path, name):
+    _pci_tree(tmp_path, **{name: None})
+    dev = _reader(tmp_path).pci_devices()[0]
+    assert [(os.path.basename(e.path), e.kind) for e in dev.errors] == [(name, "missing")]
 
 
 @pytest.mark.parametrize("name,content", [

@@ -52,7 +52,8 @@ def test_every_documented_kind_exists_and_is_in_help():
     documented = ["gpu-missing", "xid", "sxid", "row-remap-pending", "row-remap-failure",
                   "remap-headroom", "ecc-uncorrectable", "pcie-downgrade", "aer", "nvlink-down",
                   "throttle", "hot", "port-down", "slow", "wrong-results", "sdc", "dcgm-fail",
-                  "ib-bw", "nvml-error", "gpu-process", "missing"]
+                  "ib-bw", "nvml-error", "gpu-process", "missing", "sysfs", "dcgm-output",
+                  "ib-bw-output"]
     assert sorted(documented) == sorted(inject.KINDS)
     text = inject.help_text()
     for k in documented:
@@ -155,6 +156,40 @@ def test_missing_names_what_it_can_take_away(text, needle):
         apply(text)
 
 
+@pytest.mark.parametrize("text,owner,rel,shape,content", [
+    ("sysfs@ib:mlx5_0:1,file=rate,value=banana", "ib:mlx5_0:1", "rate", "text", "banana"),
+    ("sysfs@gpu:1,file=max_link_width,value=-16", "pci:0000:64:00.0", "max_link_width", "text",
+     "-16"),
+    ("sysfs@nvswitch:0,file=aer_dev_fatal,shape=missing", "pci:0000:05:00.0", "aer_dev_fatal",
+     "missing", ""),
+    ("sysfs@pcie:0000:4F:00.0,file=current_link_width,shape=dir", "pci:0000:4f:00.0",
+     "current_link_width", "dir", ""),
+    ("sysfs@ib:mlx5_1:1,file=counters/link_downed,shape=binary", "ib:mlx5_1:1",
+     "counters/link_downed", "binary", ""),
+    ("sysfs@ib:mlx5_1:1,file=rate,value=4: ACTIVE=x", "ib:mlx5_1:1", "rate", "text",
+     "4: ACTIVE=x"),
+])
+def test_sysfs_fault_names_the_file_of_its_owner(text, owner, rel, shape, content):
+    from gpu_monitor.sim.spec import SysfsOverride
+
+    assert apply(text).sysfs_overrides == {(owner, rel): SysfsOverride(shape, content)}
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("sysfs@gpu:0,value=1", "file= must name a file"),
+    ("sysfs@gpu:0,file=../../etc/passwd,value=1", "file= must name a file"),
+    ("sysfs@gpu:0,file=/rate,value=1", "file= must name a file"),
+    ("sysfs@gpu:0,file=rate", "shape=text needs value"),
+    ("sysfs@gpu:0,file=rate,shape=purple", "expected one of"),
+    ("sysfs@pcie:0000:99:00.0,file=class,shape=empty", "no PCI function 0000:99:00.0"),
+    ("sysfs@ib:mlx5_9:1,file=rate,shape=empty", "no ib:mlx5_9:1"),
+    ("sysfs@node,file=rate,shape=empty", "needs a sysfs target"),
+])
+def test_sysfs_fault_errors_say_what_is_wrong(text, needle):
+    with pytest.raises(InjectError, match=needle):
+        apply(text)
+
+
 @pytest.mark.parametrize("what, field", [("dcgmi", "dcgmi_installed"),
                                          ("nv-hostengine", "dcgm_available"),
                                          ("ib_write_bw", "perftest_available"),
@@ -164,3 +199,31 @@ def test_missing_takes_one_tool_or_runtime_away(what, field):
     assert getattr(s, field) is False
     flags = ("dcgmi_installed", "dcgm_available", "perftest_available", "torch_available")
     assert all(getattr(s, f) for f in flags if f != field)
+
+
+def test_dcgm_output_and_ib_bw_output_faults_land_in_the_spec(tmp_path):
+    recorded = tmp_path / "out.json"
+    recorded.write_text("{}")
+    s = apply("dcgm-output@node,format=text,exit=3,lines=9,drop=2,status=Banana")
+    s = apply(f"dcgm-output@node,drop=5,file={recorded}", s)
+    assert s.dcgm_output == {"format": "text", "exit": 3, "lines": 9, "drop": [2, 5],
+                             "status": "Banana", "file": str(recorded)}
+    s = apply("ib-bw-output@ib:mlx5_1:1,cut=mid-row,exit=1")
+    assert s.ib_port("mlx5_1", 1).perftest_output == {"cut": "mid-row", "exit": 1}
+    assert apply("ib-bw@ib:mlx5_0:1,gbit=nan").ib_port("mlx5_0", 1).loopback_gbit != 0
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("dcgm-output@node", "give at least one of"),
+    ("dcgm-output@gpu:0,exit=1", "needs a node target"),
+    ("dcgm-output@node,exit=300", "not an exit status"),
+    ("dcgm-output@node,drop=9", "no gpu:9"),
+    ("dcgm-output@node,format=xml", "expected one of"),
+    ("dcgm-output@node,file=/nonexistent/out.json", "does not exist"),
+    ("ib-bw-output@ib:mlx5_0:1", "give cut="),
+    ("ib-bw-output@ib:mlx5_0:1,cut=sideways", "expected one of"),
+    ("ib-bw-output@ib:mlx5_7:1,exit=1", "no ib:mlx5_7:1"),
+])
+def test_output_fault_errors_say_what_is_wrong(text, needle):
+    with pytest.raises(InjectError, match=needle):
+        apply(text)

@@ -203,6 +203,35 @@ def test_update_rewrites_only_the_changed_files(tmp_path):
     assert set(after) == set(before)  # no temp files left behind
 
 
+@pytest.mark.parametrize("shape,content,kind", [
+    ("text", "-16", "junk"), ("empty", "", "junk"), ("binary", "", "junk"), ("dir", "", "io"),
+    ("missing", "", "missing"),
+])
+def test_a_sysfs_override_is_what_the_reader_sees_and_survives_updates(tmp_path, shape, content,
+                                                                       kind):
+    from gpu_monitor.sim.spec import SysfsOverride
+
+    spec = hgx_spec()
+    addr = spec.gpu(2).pci_bus_id
+    spec.sysfs_overrides[(f"pci:{addr}", "max_link_width")] = SysfsOverride(shape, content)
+    spec.sysfs_overrides[("ib:mlx5_0:1", "rate")] = SysfsOverride(shape, content)
+    reader = SysfsReader(write_tree(str(tmp_path), spec))
+    for _ in range(2):  # as written, and after an update that rewrites the same directories
+        gpu = reader.pci_device(addr)
+        assert gpu.max_link_width is None
+        assert [(os.path.basename(e.path), e.kind) for e in gpu.errors] == [("max_link_width",
+                                                                             kind)]
+        port = reader.infiniband_port("mlx5_0", 1)
+        assert [(os.path.basename(e.path), e.kind) for e in port.errors] == [("rate", kind)]
+        assert reader.pci_device(spec.gpu(3).pci_bus_id).errors == ()
+        spec.gpu(2).pcie_width_current, spec.ib_port("mlx5_0", 1).link_downed = 8, 1
+        update_tree(str(tmp_path), spec)
+    spec.sysfs_overrides.clear()  # lifted: the next update renders the healthy file again
+    update_tree(str(tmp_path), spec)
+    assert reader.pci_device(addr).errors == () and reader.pci_device(addr).max_link_width == 16
+    assert reader.infiniband_port("mlx5_0", 1).rate_gbit == 400.0
+
+
 def test_update_reads_back_the_new_values(tmp_path):
     spec = hgx_spec()
     reader = SysfsReader(write_tree(str(tmp_path), spec))

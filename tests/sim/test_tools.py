@@ -259,3 +259,72 @@ def test_simulated_node_faults_reach_the_tools():
         assert parse_report(client.stdout).row_for(8388608).gbit_per_s == 100.0
     finally:
         sim.close()
+
+
+# --- output faults: the same formats, gone wrong ------------------------------------------------
+
+
+def test_dcgm_output_drops_a_gpu_from_every_result_and_the_detected_ids(tools):
+    runner, write = tools
+    write(state(dcgm_output={"drop": [2]}))
+    diag = parse_diag(runner.run(["dcgmi", "diag", "-r", "2", "-j"], timeout=30).stdout)
+    assert diag.gpus == (0, 1, 3)
+    text = parse_diag(runner.run(["dcgmi", "diag", "-r", "2"], timeout=30).stdout)
+    assert len(text.device_ids) == 3
+
+
+def test_dcgm_output_text_despite_j_cut_after_lines_other_exit_and_status(tools):
+    runner, write = tools
+    write(state(dcgm_output={"format": "text", "lines": 12, "exit": 3}))
+    out = runner.run(["dcgmi", "diag", "-r", "2", "-j"], timeout=30)
+    assert out.returncode == 3 and len(out.stdout.splitlines()) == 12
+    diag = parse_diag(out.stdout)
+    assert diag.shape == "text" and diag.complete is False
+    write(state(dcgm_output={"status": "Banana"}))
+    out = runner.run(["dcgmi", "diag", "-r", "2", "-j"], timeout=30)
+    assert '"status" : "Banana"' in out.stdout and out.returncode == 0
+
+
+def test_dcgm_output_prints_a_recorded_file(tools, tmp_path, fixtures_dir):
+    runner, write = tools
+    recorded = fixtures_dir / "dcgm_diag" / "dcgm_3x_diag_json_4gpu_testfixture_warnings_fail.json"
+    write(state(dcgm_output={"file": str(recorded), "exit": 226}))
+    out = runner.run(["dcgmi", "diag", "-r", "2", "-j"], timeout=30)
+    assert (out.stdout, out.returncode) == (recorded.read_text(), 226)
+
+
+@pytest.mark.parametrize("cut, rows, complete", [
+    ("before-report", None, None), ("after-header", None, None), ("mid-row", 1, False),
+    ("before-rule", 1, False), (None, 1, True),
+])
+def test_ib_bw_output_cuts_the_report_of_server_and_client(tools, cut, rows, complete):
+    runner, write = tools
+    data = state()
+    data["ib_ports"][0]["output"] = {"cut": cut, "exit": 2} if cut else {}
+    write(data)
+    args = ["-d", "mlx5_0", "-p", str(free_port()), "-s", "8388608", "--report_gbits"]
+    client, server_rc, server_out = loopback(runner, args)
+    assert (client.returncode, server_rc) == ((2, 2) if cut else (0, 0))
+    for text in (client.stdout, server_out):
+        if rows is None:
+            with pytest.raises(ValueError):
+                parse_report(text)
+        else:
+            report = parse_report(text)
+            assert (len(report.rows), report.complete) == (rows, complete)
+
+
+def test_output_faults_reach_the_tools_through_the_simulated_node(tmp_path):
+    sim = SimulatedNode(load_profile("h100-sxm-8"),
+                        [parse("dcgm-output@node,drop=5,exit=7"),
+                         parse("ib-bw-output@ib:mlx5_0:1,cut=before-rule"),
+                         parse("ib-bw@ib:mlx5_0:1,gbit=1e30")])
+    try:
+        runner = sim.host().runner
+        out = runner.run(["dcgmi", "diag", "-r", "2", "-j"], timeout=30)
+        assert out.returncode == 7 and 5 not in parse_diag(out.stdout).gpus
+        client, _, _ = loopback(runner, ["-d", "mlx5_0", "-p", str(free_port()), "-s",
+                                         "8388608", "--report_gbits"])
+        assert "1000000000000000019884624838656.00" in client.stdout
+    finally:
+        sim.close()
