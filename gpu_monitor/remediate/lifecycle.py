@@ -39,7 +39,7 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from gpu_monitor.clock import Clock
@@ -61,6 +61,9 @@ from gpu_monitor.remediate.policy import (
 from gpu_monitor.remediate.reports import ReportSource
 
 log = logging.getLogger(__name__)
+
+#: What ``_run_retest`` answers when nothing failed but something could not be decided.
+UNDECIDED = "undecided"
 
 __all__ = [
     "KNOWN_HOLDERS",
@@ -158,7 +161,9 @@ def suite_retest(checks: Sequence[Any], ctx: Any) -> Callable[[], list[Result]]:
     def retest() -> list[Result]:
         from gpu_monitor.runner import run_suite
 
-        _, report = run_suite(list(checks), ctx)
+        # As a bootstrap: a required check that cannot run for a missing tool or runtime is
+        # ``unknown`` (the retest is undecided), never a skipped pass.
+        _, report = run_suite(list(checks), ctx, bootstrap=True)
         return list(report.results)
 
     return retest
@@ -228,6 +233,7 @@ class Remediator:
         self.report_poll_s = report_poll_s
         self.watch_reports = watch_reports
         self._retest = retest
+        self._undecided = ""  # what the last undecided retest could not decide
         self._reset = reset
         self._holders = holders
         self._nvswitch = nvswitch
@@ -816,9 +822,25 @@ class Remediator:
             with self._lock:  # a report is one event, handled by this reset and retest
                 self._policy = self._policy.without([REPORT_CHECK])
                 self._save_policy()
+        retry_at = rt.get("retry_at")
+        if retry_at and now < parse_iso(retry_at):
+            return  # an undecided retest waits before the suite runs again
         passed = self._run_retest(rt, decision, now)
         if passed is None:
             return  # still waiting for the passive checks to settle
+        if passed == UNDECIDED:
+            # Nothing failed, but something could not be decided (a required check without its
+            # tool, a busy GPU, a timeout): not a pass, and no evidence to escalate on either.
+            # The node stays quarantined and the suite runs again later.
+            retry_s = float(self.config.daemon.bootstrap_retry_s)
+            rt["retry_at"] = iso(now + timedelta(seconds=retry_s))
+            ctx["retest"] = rt
+            self._save_ctx(ctx)
+            self._record("retest", "undecided", now)
+            self._event("RetestUndecided",
+                        f"the retest could not decide ({self._undecided}); the node stays "
+                        f"quarantined and is retested in {retry_s:g} s", warning=True)
+            return
         if passed:
             self._record("retest", "passed", now)
             self._event("RetestPassed", "the retest passed; returning the node to service")
@@ -836,7 +858,8 @@ class Remediator:
                         warning=True)
             self._request_reboot(ctx, now, f"retest failed ({failures}/{limit})")
 
-    def _run_retest(self, rt: dict[str, Any], decision: Decision, now: datetime) -> bool | None:
+    def _run_retest(self, rt: dict[str, Any], decision: Decision,
+                    now: datetime) -> bool | str | None:
         if self._retest is not None:
             try:
                 results = list(self._retest())
@@ -850,6 +873,10 @@ class Remediator:
             for r in bad[:5]:
                 log.warning("retest on %s: %s %s %s %s", self.node_name, r.check, r.target,
                             r.status.value, r.reason)
+            if bad and not any(r.status is Status.FAILED for r in bad):
+                self._undecided = ", ".join(sorted({f"{r.check} {r.target} {r.reason}"
+                                                    for r in bad})[:5])
+                return UNDECIDED
             return not bad
         # No suite available: the passive checks must report clean for the settle time.
         started = parse_iso(rt.get("started") or iso(now))

@@ -29,6 +29,7 @@ from remediate_helpers import (
     xid,
 )
 
+from gpu_monitor.clock import FakeClock
 from gpu_monitor.model import Result, Status
 from gpu_monitor.remediate.kube import ANNOTATIONS, LABEL_REPLACE, LABEL_STATE
 
@@ -466,6 +467,33 @@ def test_retests_that_keep_failing_end_in_replace_until_an_operator_releases(fak
     assert not node["spec"].get("unschedulable") and our_taints(node) == []
     assert LABEL_REPLACE not in node["metadata"]["labels"]
     assert ANNOTATIONS.RELEASE_REQUESTED not in node["metadata"]["annotations"]
+
+
+def test_an_undecided_retest_keeps_the_node_quarantined_and_is_run_again_later(fake, tmp_path):
+    # Nothing failed but a required check could not run (e.g. the passive image has no torch):
+    # no pass, and no evidence to reboot or replace on either.
+    answers = [[Result(check="burn_in", status=Status.UNKNOWN, target="node",
+                       reason="RequirementMissing", message="torch is not installed")],
+               passing()]
+    calls = []
+
+    def retest():
+        calls.append(1)
+        return answers[len(calls) - 1]
+
+    clock = FakeClock()
+    r = remediator(fake, tmp_path, clock=clock, resets=Resets(), retest=retest)
+    r.on_results([xid(48)])
+    r.tick()
+    st = r.store.node_state()
+    assert (st.state, st.retest_failures) == ("retesting", 0)
+    assert "RetestUndecided" in event_reasons(fake, NODE)
+    assert r.store.action_counts()[("retest", "undecided")] == 1
+    r.tick()
+    assert len(calls) == 1  # not again at once: the suite loads the GPUs
+    clock.advance(r.config.daemon.bootstrap_retry_s + 1)
+    r.tick()
+    assert len(calls) == 2 and r.store.node_state().state == "healthy"
 
 
 def test_operator_retest_of_a_quarantined_node(fake, tmp_path):
