@@ -361,10 +361,19 @@ def disabled_by_config(env: Env, checks, only=None) -> dict[str, str]:
             if not env.config.check_enabled(c.name)}
 
 
+SKIP_FLAG = "--skip"
+
+
 def bootstrap_suite(env: Env, kinds, only=None, skip=()):
-    """(checks in suite order, the config-disabled ones among them) for a bootstrap run."""
-    checks = _select_checks(env, kinds=kinds, only=only, skip=skip, keep_disabled=True)
-    return checks, disabled_by_config(env, checks, only)
+    """(checks in suite order, the ones not to run among them and why) for a bootstrap run.
+
+    A check left out with ``--skip`` stays in the report like one the config disables: a
+    bootstrap says what it did not run, it never just leaves it out."""
+    _select_checks(env, kinds=kinds, only=only, skip=skip)  # names checked, as for --checks
+    checks = _select_checks(env, kinds=kinds, only=only, keep_disabled=True)
+    disabled = disabled_by_config(env, checks, only)
+    disabled.update({name: SKIP_FLAG for name in skip if name in {c.name for c in checks}})
+    return checks, disabled
 
 
 # --- output ---------------------------------------------------------------------------------------

@@ -134,11 +134,14 @@ def _as_required(check: Check, results: tuple[Result, ...]) -> tuple[Result, ...
 
 
 def disabled_outcome(check: Check | type[Check], ctx: Context, why: str) -> RunOutcome:
-    """What a bootstrap reports for a check the config disables: it was not run, on purpose."""
+    """What a bootstrap reports for a check the config (or ``--skip``, ``why`` then starts with
+    ``--``) disables: it was not run, on purpose."""
     now = ctx.clock.now()
+    said = (f"disabled by {why} on the command line" if why.startswith("--")
+            else f"disabled by config ({why})")
     res = Result(check=check.name, status=Status.SKIPPED, target=NODE,
                  reason="DisabledByConfig",
-                 message=f"{check.name} disabled by config ({why}); not run",
+                 message=f"{check.name} {said}; not run",
                  details={"disabled_by": why, "required": ctx.required(check)},
                  observed_at=now)
     return RunOutcome(check.name, (res,), now, 0.0, True)

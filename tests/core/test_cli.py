@@ -81,7 +81,10 @@ def test_skip_and_checks_flags(capsys):
     assert code == 0 and {r["check"] for r in json.loads(out)["results"]} == {"inventory"}
     code, out, _ = run(capsys, "bootstrap", "--simulate", "h100-sxm-8", "--skip", "inventory",
                        "-o", "json", "--log-level", "error")
-    assert "inventory" not in {r["check"] for r in json.loads(out)["results"]}
+    # Not run, and said so: a bootstrap never just leaves a check out of its report.
+    (skipped,) = [r for r in json.loads(out)["results"] if r["check"] == "inventory"]
+    assert (skipped["status"], skipped["reason"]) == ("skipped", "DisabledByConfig")
+    assert "disabled by --skip on the command line" in skipped["message"]
 
 
 def test_help_documents_inject_kinds(capsys):
