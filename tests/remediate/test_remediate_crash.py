@@ -24,10 +24,11 @@ from remediate_helpers import (
 
 from gpu_monitor.remediate.kube import ANNOTATIONS, LABEL_STATE
 from gpu_monitor.state import Store
+from tests.waiting import eventually
 
 NODE = "gpu-node-1"
 PROC = Path(__file__).resolve().parent / "remediate_proc.py"
-TRIALS = 20
+TRIALS = 12
 
 
 def seed(fake: FakeApiServer) -> None:
@@ -75,15 +76,25 @@ def check_end_state(fake: FakeApiServer, tmp: Path) -> None:
         assert store.action_counts().get(("cordon", "ok"), 0) <= 1
 
 
+def kill(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    proc.stdout.close()
+
+
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # ~40 daemon starts; on a loaded 2-core machine each takes seconds
 def test_kill_9_at_random_points_of_quarantine_and_drain_then_restart(tmp_path):
     rng = random.Random(int(os.environ.get("GPU_MONITOR_CRASH_SEED", "20260101")))
-    # Calibrate: how long an uninterrupted run takes from start to the end state.
+    # Calibrate: how long an uninterrupted run takes from "started" (imports done) to the end.
     with FakeApiServer() as fake:
         seed(fake)
+        proc = start(fake, tmp_path / "calibration")
+        proc.stdout.readline()
         t0 = time.monotonic()
-        finish(fake, tmp_path / "calibration")
+        out, _ = proc.communicate(timeout=90)
         full = time.monotonic() - t0
+        assert proc.returncode == 0 and "done" in out, out
         check_end_state(fake, tmp_path / "calibration")
     kills = []
     for trial in range(TRIALS):
@@ -93,19 +104,31 @@ def test_kill_9_at_random_points_of_quarantine_and_drain_then_restart(tmp_path):
             for _ in range(rng.choice((1, 1, 2))):  # sometimes killed twice in a row
                 proc = start(fake, tmp)
                 proc.stdout.readline()  # "started": imports done, the store is open
-                at = rng.uniform(0.0, max(0.2, full - 0.8))
-                time.sleep(at)
-                proc.send_signal(signal.SIGKILL)
-                proc.wait(10)
-                proc.stdout.close()
-                kills.append((round(at, 2), phase(fake)))
+                time.sleep(rng.uniform(0.0, max(0.2, full - 0.2)))
+                kills.append(phase(fake))
+                kill(proc)
             finish(fake, tmp)
             check_end_state(fake, tmp)
     assert len(kills) >= TRIALS
-    phases = {p for _, p in kills}
     print("kill points:", kills)
-    # The random points do land inside the quarantine and inside the drain.
-    assert "draining" in phases and len(phases) >= 2, kills
+    assert len(set(kills)) >= 2, kills  # random points land in more than one phase
+
+
+@pytest.mark.slow
+def test_kill_9_inside_the_drain_then_restart(tmp_path):
+    """The point a random kill may miss on a loaded machine, hit on purpose: the kill comes as
+    soon as the drain is seen under way (pods evicted, not all gone)."""
+    target = "draining"
+    with FakeApiServer() as fake:
+        seed(fake)
+        proc = start(fake, tmp_path)
+        proc.stdout.readline()
+        seen = eventually(lambda: phase(fake) in (target, "drained") and phase(fake),
+                          timeout=60, what=f"the node {target}")
+        kill(proc)
+        assert seen == target, f"the drain ran past {target} before it was seen"
+        finish(fake, tmp_path)
+        check_end_state(fake, tmp_path)
 
 
 def phase(fake: FakeApiServer) -> str:
