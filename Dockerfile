@@ -22,17 +22,34 @@ RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
 # --- runtime ----------------------------------------------------------------------------------------
 FROM ${BASE_IMAGE}
 ARG PERFTEST_VERSION=""
+# DCGM's dcgmi for dcgm_diag, from NVIDIA's CUDA apt repository for the base's Ubuntu (22.04 for
+# the pinned PyTorch runtime image; x86_64, or sbsa on arm64). Pinned: dcgmi must speak the
+# protocol of the host engine it connects to, so keep DCGM_VERSION on the major version of the
+# GPU operator's (or the host's) nv-hostengine (docs/coexistence.md). The image does not start a
+# host engine of its own.
+ARG CUDA_REPO=ubuntu2204/x86_64
+ARG CUDA_KEYRING=cuda-keyring_1.1-1_all.deb
+ARG DCGM_VERSION=1:3.3.9
 LABEL org.opencontainers.image.title="gpu-monitor" \
       org.opencontainers.image.description="GPU node-health daemon: bootstrap and passive checks, SDC detection, remediation" \
       org.opencontainers.image.licenses="Apache-2.0"
 
-# perftest (ib_write_bw) for rdma_loopback and the verbs providers it needs (mlx5). nvidia-smi
-# and libnvidia-ml come from the host driver through the NVIDIA container runtime; dcgmi is not
-# installed (dcgm_diag reports `skipped` without it; see docs/install.md to add it).
-RUN apt-get update \
+# perftest (ib_write_bw) for rdma_loopback and the verbs providers it needs (mlx5), and DCGM
+# (dcgmi) for dcgm_diag: a bootstrap requires both where the profile expects RDMA ports / GPUs,
+# so an image without them cannot pass one. nvidia-smi and libnvidia-ml come from the host
+# driver through the NVIDIA container runtime. The keyring package installs NVIDIA's signing
+# key and the repository entry; curl, needed only to fetch it, is removed again.
+RUN set -e; apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates curl \
+ && curl -fsSLo /tmp/${CUDA_KEYRING} \
+        https://developer.download.nvidia.com/compute/cuda/repos/${CUDA_REPO}/${CUDA_KEYRING} \
+ && dpkg -i /tmp/${CUDA_KEYRING} && rm -f /tmp/${CUDA_KEYRING} \
+ && apt-get update \
  && apt-get install -y --no-install-recommends perftest${PERFTEST_VERSION:+=$PERFTEST_VERSION} \
-        ibverbs-providers \
- && rm -rf /var/lib/apt/lists/*
+        ibverbs-providers "datacenter-gpu-manager=${DCGM_VERSION}" \
+ && apt-get purge -y --auto-remove curl \
+ && rm -rf /var/lib/apt/lists/* \
+ && command -v dcgmi && command -v ib_write_bw
 
 COPY --from=build /dist/ /tmp/dist/
 RUN set -e; whl=$(ls /tmp/dist/gpu_monitor-*.whl); \

@@ -2,23 +2,26 @@
 
 Not a check: identity of a record (boot id, sequence), when it happened, the standing
 "open problems" a passive check keeps between events, recorded GPU resets, and reading the
-whole kernel log for a one-shot scan.
+whole kernel log for a one-shot scan (:class:`KernelLogScan`, which says when the log could
+not be read or held nothing, so that no check claims "no XID" about a log nobody read).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from gpu_monitor.check import Context
-from gpu_monitor.hw.kmsg import KmsgGap, KmsgRecord
+from gpu_monitor.hw.kmsg import FIFO_IDLE_S, KmsgGap, KmsgRecord
 from gpu_monitor.hw.kmsg_scan import ScanStats, iter_matching
 from gpu_monitor.model import (
     ACTION_SEVERITY,
     STATUS_SEVERITY,
     Action,
+    Result,
     Status,
     gpu_target,
     parse_iso,
@@ -143,17 +146,94 @@ def kernel_log(ctx: Context, needles: tuple[bytes, ...], stats: ScanStats
         yield from iter_matching(paths.kmsg_path, needles, stats)
         return
     source = ctx.host.open_kmsg(replay=True)
+    stats.source = "device"
     try:
         while True:
             batch = source.read_available(4096)
             if not batch:
                 return
+            stats.text = True
             stats.lines += sum(isinstance(item, KmsgRecord) for item in batch)
             yield from batch
     finally:
         source.close()
 
 
+READ_ERROR = "KmsgReadError"
+
+
+@dataclass(frozen=True)
+class UnreadLog:
+    """Why a one-shot scan has nothing to say about the targets it found no event for: the log
+    could not be opened or read to its end (``error`` is the OS's error, naming the path where
+    it did), or it was read and held no line (``empty``). Both are reason ``KmsgReadError``."""
+
+    path: str
+    error: str
+    empty: bool = False
+
+    @property
+    def reason(self) -> str:
+        return READ_ERROR
+
+    def result(self, check: Any, ctx: Context, target: str,
+               details: Mapping[str, Any] | None = None) -> Result:
+        """``unknown`` for ``target``: it is neither healthy nor not, its log was not read."""
+        said = (f"the kernel log {self.path} gave no line ({self.error})" if self.empty
+                else f"cannot read the kernel log {self.path}: {self.error}")
+        return check.result(ctx, Status.UNKNOWN, target, self.reason,
+                            f"{said}; no claim about {target}",
+                            {**(details or {}), "path": self.path, "error": self.error})
+
+
+def follower_unread(ctx: Context) -> UnreadLog | None:
+    """In the daemon: the follower's reason for not reading the log now, as an ``UnreadLog``
+    (None while it reads, and in one-shot runs, whose scan says so itself)."""
+    if ctx.kmsg_error is None:
+        return None
+    return UnreadLog(ctx.host.paths.kmsg_path, ctx.kmsg_error)
+
+
+class KernelLogScan:
+    """The kernel log for a one-shot scan, read through :func:`kernel_log`.
+
+    Guarantees:
+
+    1. Iterating never raises on account of the log: an ``OSError`` (missing, a directory,
+       no permission, a dangling symlink, an I/O error part-way) or any other exception out of
+       a reader ends the iteration, and ``unread`` says why. Records read before it stand.
+    2. A log that was opened and read to its end but held no line (an empty file; a FIFO
+       nobody wrote to within ``FIFO_IDLE_S``) sets ``unread`` too: zero lines prove nothing.
+    3. Exceptions raised by the caller's loop body are not caught here.
+    """
+
+    def __init__(self, ctx: Context, needles: tuple[bytes, ...]):
+        self._ctx = ctx
+        self._needles = needles
+        self.path = ctx.host.paths.kmsg_path
+        self.stats = ScanStats()
+        self.unread: UnreadLog | None = None
+
+    def __iter__(self) -> Iterator[KmsgRecord | KmsgGap]:
+        try:
+            yield from kernel_log(self._ctx, self._needles, self.stats)
+        except OSError as exc:
+            self.unread = UnreadLog(self.path, str(exc))
+            return
+        except Exception as exc:  # noqa: BLE001 - guarantee 1: a reader bug is not a crash
+            log.warning("reading the kernel log %s failed: %r", self.path, exc)
+            self.unread = UnreadLog(self.path, f"the reader failed: {type(exc).__name__}: {exc}")
+            return
+        if not self.stats.text:
+            self.unread = UnreadLog(self.path, self._nothing(), empty=True)
+
+    def _nothing(self) -> str:
+        if self.stats.source == "fifo":
+            return (f"nothing was written to the FIFO within {FIFO_IDLE_S:g} s"
+                    if self.stats.fifo_idle else "the FIFO's writer closed it without a line")
+        if self.stats.source == "device":
+            return "the record device returned no record"
+        return "the file is empty" if not self.stats.bytes else "the file holds only blank lines"
 
 
 def offline_aware_scan(check: Any, ctx: Context) -> Any:

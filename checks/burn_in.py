@@ -294,6 +294,7 @@ class BurnIn(Check):
     summary = ("sustained matmul per device: results compared across devices bit for bit, "
                "TFLOP/s vs peak and node median, no throttling or overheating")
     requires = frozenset({"gpu", "torch"})
+    required = True
     invasive = True
     timeout = 1800.0
     reasons = ("BurnInMismatch", "BurnInReferenceMismatch", "BurnInSlow", "BurnInThrottled",

@@ -9,8 +9,12 @@ degrades it, ``Skip`` is noted. Results DCGM gives without a GPU (2.x compact ou
 ``Pass - All``) are reported on ``node``.
 
 DCGM missing or not reachable is never a hardware finding: no ``dcgmi`` or no local host engine
-→ ``skipped``; a configured ``--host`` engine that cannot be reached, a hang, a non-zero exit
-without a report, garbage or truncated JSON → ``unknown`` with the reason.
+→ ``skipped`` (``RequirementMissing`` / ``DcgmUnavailable``); a configured ``--host`` engine that
+cannot be reached, a hang, a non-zero exit without a report, garbage or truncated JSON →
+``unknown`` with the reason. The bootstrap requires this check by default: there a missing
+``dcgmi`` or host engine makes the verdict ``unknown`` naming it, unless the profile says
+``checks.dcgm_diag.required: false`` for its SKU (or the config disables the check). The full
+image ships ``dcgmi``; the host engine is the host's or the GPU operator's (docs/coexistence.md).
 
 Settings (``ctx.setting("dcgm_diag", ...)``): ``level`` (1–4, profile ``dcgm.level``), ``host``
 (``--host`` of a separate nv-hostengine, config only), ``parameters`` (``-p`` test parameters,
@@ -44,6 +48,8 @@ class DcgmDiag(Check):
     kinds = frozenset({Kind.BOOTSTRAP})
     summary = "DCGM diagnostic (dcgmi diag -r LEVEL -j): every test's result per GPU"
     requires = frozenset({"dcgm", "gpu"})
+    required = True
+    unavailable_reasons = ("DcgmUnavailable",)  # dcgmi present, no host engine answering
     invasive = True
     timeout = LEVEL_TIMEOUT_S[4] + 120.0
     reasons = (

@@ -79,6 +79,7 @@ class EccMemory(Check):
     kinds = frozenset({Kind.BOOTSTRAP, Kind.PASSIVE})
     summary = "ECC mode and errors, row-remap pending/failure and remap headroom, retired pages"
     requires = frozenset({"nvml"})
+    required = True
     interval = 300.0
     timeout = 60.0
     reasons = (

@@ -35,6 +35,7 @@ class Inventory(Check):
     kinds = frozenset({Kind.BOOTSTRAP, Kind.PASSIVE})
     summary = "GPU count, models, UUIDs, PCI bus IDs and driver/CUDA versions vs the profile"
     requires = frozenset()
+    required = True
     interval = 60.0
     timeout = 30.0
     reasons = (

@@ -253,6 +253,7 @@ class NcclAllreduce(Check):
     summary = ("all-reduce over every local device (NCCL; gloo on CPU): exact data check and "
                "a size sweep of p50/p95 latency, algbw and busbw vs the profile")
     requires = frozenset({"gpu", "torch"})
+    required = True
     invasive = True
     timeout = 1200.0
     reasons = ("NcclWrongData", "NcclBusBwLow", "NcclLatencyHigh", "NothingToReduce",

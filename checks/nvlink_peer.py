@@ -88,6 +88,7 @@ class NvlinkPeer(Check):
     summary = ("NVLink state and error counters, NVSwitch fabric state, and a data-checked "
                "copy with bandwidth for every ordered device pair")
     requires = frozenset({"gpu", "torch"})
+    required = True
     invasive = True
     timeout = 900.0
     reasons = ("NvLinkDown", "NvLinkMissing", "NvLinkErrors", "NvLinkReadError",

@@ -59,6 +59,7 @@ class NvlinkState(Check):
     kinds = frozenset({Kind.PASSIVE, Kind.BOOTSTRAP})
     summary = "Every expected NVLink link up (after the boot grace) and its error-counter rates"
     requires = frozenset({"nvml"})
+    required = True
     interval = 10.0
     timeout = 30.0
     reasons = ("NvlinkDown", "NvlinkErrorRate", "BootGrace", "NvmlReadError", "GpuLost",

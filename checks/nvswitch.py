@@ -6,7 +6,9 @@ Three signals about the NVLink fabric of an HGX-style node:
   ``nvidia-nvswitchN:`` prefix, else the switch's place in the sysfs list of NVSwitch
   functions) until the next reboot; a non-fatal one degrades it for ``nonfatal_window_s``
   (default 3600). The lines of one error (header, ``Severity``, ``Data``) are grouped into one
-  event (gpu_monitor/rules/sxid.py). Events are stored with kind ``sxid``.
+  event (gpu_monitor/rules/sxid.py). Events are stored with kind ``sxid``. A one-shot scan
+  (``run``) says ``ok`` for a switch without an SXid only when the log was read to its end and
+  held something, else ``unknown`` ``KmsgReadError`` naming the path and the error.
 - NVML GPU fabric registration per GPU (H100+ with NVSwitch; GB200): state not ``completed`` ->
   ``failed`` ``FabricNotReady``, a completed registration with an error status -> ``failed``
   ``FabricError``; ``NotSupported`` -> ``skipped``; a GPU list NVML cannot give, a GPU it
@@ -31,16 +33,18 @@ from typing import Any
 
 from checks._gpus import enumeration_error, error_details, unidentified
 from checks._kmsg_events import (
+    READ_ERROR,
+    KernelLogScan,
     OpenProblems,
+    UnreadLog,
     boot_id,
     event_time,
-    kernel_log,
+    follower_unread,
     offline_aware_scan,
     record_seq,
 )
 from gpu_monitor.check import Check, ClearTracker, Context
 from gpu_monitor.hw.kmsg import KmsgGap, KmsgRecord
-from gpu_monitor.hw.kmsg_scan import ScanStats
 from gpu_monitor.hw.nvml import (
     NVML_GPU_FABRIC_STATE_COMPLETED,
     NVML_SUCCESS,
@@ -77,11 +81,12 @@ class NvSwitch(Check):
     kinds = frozenset({Kind.BOOTSTRAP, Kind.PASSIVE})
     summary = "NVSwitch SXid errors, NVML GPU fabric state and Fabric Manager liveness"
     requires = frozenset()
+    required = True
     interval = 60.0
     timeout = 600.0
     reasons = (*(f"SXid{c}" for c in sxid_catalog().codes()), "FabricNotReady", "FabricError",
                "FabricManagerDown", "NvmlReadError", "NotSupported", "BootGrace",
-               "KmsgReadError")
+               READ_ERROR)
 
     def __init__(self) -> None:
         self.parse_errors = 0
@@ -183,7 +188,8 @@ class NvSwitch(Check):
 
     def poll(self, ctx: Context) -> Sequence[Result]:
         with self._lock:
-            results = self._switch_state(ctx) + self._fabric(ctx) + self._fabric_manager(ctx)
+            results = (self._switch_state(ctx, follower_unread(ctx)) + self._fabric(ctx)
+                       + self._fabric_manager(ctx))
             return self._clear.track(ctx, results)
 
     def run(self, ctx: Context) -> Sequence[Result]:
@@ -194,25 +200,24 @@ class NvSwitch(Check):
         self._grouper = SxidGrouper()
         self._memory = []
         found: dict[int, tuple[SxidEvent, KmsgRecord]] = {}
-        results: list[Result] = []
-        try:
-            for item in kernel_log(ctx, (b"SXid",), ScanStats()):
-                if isinstance(item, KmsgGap):
-                    continue
-                for eid, ev, new in self._ingest(item, ctx):
-                    first = item if new or eid not in found else found[eid][1]
-                    found[eid] = (ev, first)
-        except OSError as exc:
-            results.append(Result(
-                check=self.name, status=Status.UNKNOWN, target=NODE, reason="KmsgReadError",
-                message=f"cannot read the kernel log {ctx.host.paths.kmsg_path}: {exc}",
-                details={"error": str(exc)}, observed_at=ctx.clock.now()))
-        results += [self._result(ctx, ev, rec) for ev, rec in found.values()]
+        log_scan = KernelLogScan(ctx, (b"SXid",))
+        for item in log_scan:
+            if isinstance(item, KmsgGap):
+                continue
+            for eid, ev, new in self._ingest(item, ctx):
+                first = item if new or eid not in found else found[eid][1]
+                found[eid] = (ev, first)
+        unread = log_scan.unread
+        results = [self._result(ctx, ev, rec) for ev, rec in found.values()]
         seen = {r.target for r in results}
-        results += [r for r in self._switch_state(ctx) if r.target not in seen]
+        results += [r for r in self._switch_state(ctx, unread) if r.target not in seen]
+        if unread is not None and not any(r.reason == unread.reason for r in results):
+            results.append(unread.result(self, ctx, NODE))  # no switch carries it
         return results + self._fabric(ctx) + self._fabric_manager(ctx)
 
-    def _switch_state(self, ctx: Context) -> list[Result]:
+    def _switch_state(self, ctx: Context, unread: UnreadLog | None = None) -> list[Result]:
+        """Each switch's open SXid problem, else ``ok`` -- or, when a one-shot scan could not
+        read the log (``unread``), ``unknown`` naming the path and error."""
         now = ctx.clock.now()
         boot = boot_id(ctx)
         window = float(ctx.setting(self.name, "nonfatal_window_s", NONFATAL_WINDOW_S))
@@ -235,8 +240,9 @@ class NvSwitch(Check):
                              "code": prob.get("code"), "since": prob["at"], "open": True},
                     observed_at=now))
             elif target in targets:
-                results.append(self.ok(ctx, target, "no open SXid problem",
-                                       {"pci_bus_id": targets[target]}))
+                details = {"pci_bus_id": targets[target]}
+                results.append(unread.result(self, ctx, target, details) if unread is not None
+                               else self.ok(ctx, target, "no open SXid problem", details))
         return results
 
     @staticmethod

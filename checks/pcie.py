@@ -21,9 +21,12 @@ runs every host transfer at a fraction of the speed, silently. Per device this c
   ``copy_bytes`` × ``repeats`` each way per GPU, one GPU after another (so the host's memory
   bandwidth is not shared), takes the median, and verifies the round-tripped data
   (``PcieCopyMismatch``). Only on CUDA devices: where the workers run on the CPU (the simulated
-  node) or torch is missing, or another process holds a GPU, one ``skipped``
-  ``CopyTestSkipped`` result says why — never a made-up number. A worker that hangs or crashes
-  gives ``unknown`` (``WorkerTimeout``/``WorkerCrashed``).
+  node, whose CPU workers stand in for GPUs and cannot pin-copy to one) or another process
+  holds a GPU, one ``skipped`` ``CopyTestSkipped`` result says why — never a made-up number.
+  Where the workers' torch is missing or has no CUDA (the passive image, a CPU-only wheel), the
+  result is ``skipped`` ``RequirementMissing`` naming it, which a bootstrap reports ``unknown``
+  (the copy test is part of what the bootstrap requires). A worker that hangs or crashes gives
+  ``unknown`` (``WorkerTimeout``/``WorkerCrashed``).
 
 NVML errors (checks/_gpus.py): a GPU NVML cannot identify is ``unknown`` (without its PCI
 address its sysfs link and AER counters cannot be found); a link, replay-counter or NUMA read
@@ -129,6 +132,8 @@ class Pcie(Check):
     kinds = frozenset({Kind.BOOTSTRAP})
     summary = "PCIe link gen/width, replays, AER, NUMA/NIC placement and H2D/D2H bandwidth"
     requires = frozenset({"nvml"})
+    required = True
+    unavailable_reasons = ("RequirementMissing",)  # the copy test's torch is missing
     timeout = 300.0
     reasons = (
         "PcieLinkDowngraded",
@@ -322,12 +327,15 @@ class Pcie(Check):
         details = {"h2d_floor_gb_per_s": ctx.setting(self.name, "h2d_floor_gb_per_s"),
                    "d2h_floor_gb_per_s": ctx.setting(self.name, "d2h_floor_gb_per_s"),
                    "device_type": device_type}
-        why = ""
+        why, reason = "", "CopyTestSkipped"
+        gap = ctx.host.requirement_gap({"torch"}, ctx) if device_type == "cuda" else None
         if device_type != "cuda":
             why = (f"H2D/D2H pinned copy bandwidth needs CUDA devices; this host's workers run "
                    f"on {device_type!r}")
-        elif ctx.host.unmet({"torch"}):
-            why = f"H2D/D2H copy bandwidth not measured: {ctx.host.unmet({'torch'})}"
+        elif gap is not None:
+            why = f"H2D/D2H copy bandwidth not measured: {gap.message}"
+            reason = "RequirementMissing" if gap.missing else reason
+            details["requirement"] = gap.requirement
         elif not ctx.force:
             try:
                 holders = ctx.host.gpu_holders()
@@ -338,8 +346,7 @@ class Pcie(Check):
                                   for h in holders[:8])
                 why = f"H2D/D2H copy bandwidth not measured: GPUs in use by {names}"
         if why:
-            results.append(self.result(ctx, Status.SKIPPED, NODE, "CopyTestSkipped", why,
-                                       details))
+            results.append(self.result(ctx, Status.SKIPPED, NODE, reason, why, details))
             return {}
         args = {"copy_bytes": int(ctx.setting(self.name, "copy_bytes", 256 << 20)),
                 "repeats": int(ctx.setting(self.name, "repeats", 5))}

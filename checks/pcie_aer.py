@@ -89,6 +89,7 @@ class PcieAer(Check):
     kinds = frozenset({Kind.PASSIVE, Kind.BOOTSTRAP})
     summary = "PCIe AER counters of GPUs, NVSwitches and RDMA NICs: uncorrectable and rates"
     requires = frozenset()
+    required = True
     interval = 30.0
     timeout = 30.0
     reasons = ("AerFatal", "AerNonFatal", "AerCorrectableRate", "NotSupported", "NoDevice",

@@ -86,6 +86,7 @@ class RdmaLoopback(Check):
     kinds = frozenset({Kind.BOOTSTRAP})
     summary = "ib_write_bw loopback per active RDMA port (GPUDirect when available) vs floor"
     requires = frozenset({"perftest", "infiniband"})
+    required = True
     invasive = True
     timeout = 1200.0
     reasons = (

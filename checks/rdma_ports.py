@@ -238,6 +238,7 @@ class RdmaPorts(Check):
     kinds = frozenset({Kind.PASSIVE, Kind.BOOTSTRAP})
     summary = "RDMA port downtime in a sliding window vs a budget and NCCL's IB timeout"
     requires = frozenset({"infiniband"})
+    required = True
     interval = 1.0
     timeout = 60.0
     reasons = (

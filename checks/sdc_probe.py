@@ -94,6 +94,7 @@ class SdcProbe(Check):
                "per-micro-batch vote name a device that computes wrong; optional stored "
                "reference per GPU model, driver and torch")
     requires = frozenset({"gpu", "torch"})
+    required = True
     invasive = True
     timeout = 300.0
     reasons = ("SdcDetected", "SdcReferenceMismatch", "SdcUnattributable",

@@ -54,6 +54,7 @@ class Temperature(Check):
     summary = ("GPU core and HBM temperature vs NVML's slowdown / memory max thresholds, the "
                "core-HBM gradient and the node's other GPUs")
     requires = frozenset({"nvml"})
+    required = True
     interval = 10.0
     timeout = 30.0
     reasons = ("TempAboveSlowdown", "MemTempAboveMax", "TempGradient", "TempOutlier",

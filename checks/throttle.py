@@ -106,6 +106,7 @@ class Throttle(Check):
     summary = ("Fraction of a sliding window each GPU spent in HW slowdown, HW thermal slowdown "
                "or HW power brake (SW power cap and idle are never faults)")
     requires = frozenset({"nvml"})
+    required = True
     interval = 10.0
     timeout = 30.0
     reasons = ("HwSlowdown", "HwThermalSlowdown", "HwPowerBrake", "NvmlReadError", "GpuLost",

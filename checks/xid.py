@@ -15,7 +15,10 @@ sequence), and the repeat rules read that history:
 
 ``poll`` reports each GPU's standing state from that history (open hardware problems last until
 a reboot or a recorded reset; watch-class ones for ``app_xid_window_s``). ``run`` (bootstrap,
-``gpu-monitor check xid --kmsg FILE``) scans the whole log and reports every event.
+``gpu-monitor check xid --kmsg FILE``) scans the whole log and reports every event; a GPU with
+no event is ``ok`` only when the log was read to its end and held something, else ``unknown``
+``KmsgReadError`` naming the path and the error (missing, a directory, no permission, empty, a
+FIFO nobody wrote to).
 
 ``parse_errors`` (and ``parse_error_kinds``: garbage, no_pci, fragment, unknown_code) counts
 lines about XIDs that could not be fully used; the metrics layer reads it from the instance.
@@ -32,10 +35,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from checks._kmsg_events import (
+    READ_ERROR,
+    KernelLogScan,
     OpenProblems,
     boot_id,
     event_time,
-    kernel_log,
+    follower_unread,
     offline_aware_scan,
     record_seq,
     reset_times,
@@ -43,7 +48,6 @@ from checks._kmsg_events import (
 )
 from gpu_monitor.check import Check, ClearTracker, Context
 from gpu_monitor.hw.kmsg import KmsgGap, KmsgRecord
-from gpu_monitor.hw.kmsg_scan import ScanStats
 from gpu_monitor.model import (
     NODE,
     Action,
@@ -92,10 +96,11 @@ class Xid(Check):
     kinds = frozenset({Kind.BOOTSTRAP, Kind.PASSIVE})
     summary = "NVIDIA Xid errors in the kernel log, classified by the versioned XID catalog"
     requires = frozenset()
+    required = True
     interval = 30.0
     timeout = 600.0
     reasons = (*(f"Xid{c}" for c in xid_catalog().codes()), FALLEN_OFF_BUS_REASON,
-               "KmsgReadError")
+               READ_ERROR)
 
     def __init__(self) -> None:
         self.parse_errors = 0
@@ -344,6 +349,7 @@ class Xid(Check):
         watch_s = float(ctx.setting(self.name, "app_xid_window_s", DEFAULTS["app_xid_window_s"]))
         problems = self._open.current(
             ctx, lambda p: self._still_open(p, boot, now, watch_s, ctx))
+        unread = follower_unread(ctx)
         results: list[Result] = []
         for target in sorted(set(gpus) | set(problems), key=_target_order):
             index, uuid, pci = gpus.get(target, (None, None, None))
@@ -365,8 +371,9 @@ class Xid(Check):
                 results.append(repeat)
                 continue
             if index is not None:
-                results.append(self.ok(ctx, target, "no open XID problem",
-                                       {"uuid": uuid, "pci_bus_id": pci}))
+                details = {"uuid": uuid, "pci_bus_id": pci}
+                results.append(unread.result(self, ctx, target, details) if unread is not None
+                               else self.ok(ctx, target, "no open XID problem", details))
         return results
 
     def _still_open(self, prob: Mapping[str, Any], boot: str, now: datetime, watch_s: float,
@@ -425,34 +432,34 @@ class Xid(Check):
         return offline_aware_scan(self, ctx)
 
     def _scan(self, ctx: Context) -> list[Result]:
-        """The scan itself: every record through the event path, then quiet GPUs."""
+        """The scan itself: every record through the event path, then quiet GPUs: ``ok`` when
+        the whole log was read, ``unknown`` naming the path and error when it was not."""
         self._memory, self._pending, self._recent_bus = [], None, {}
         errors_before = self.parse_errors
         results: list[Result] = []
         gaps = malformed = 0
-        scan = ScanStats()
-        try:
-            for item in kernel_log(ctx, (b"NVRM",), scan):
-                if isinstance(item, KmsgGap):
-                    gaps += 1
-                    continue
-                malformed += item.malformed
-                results.extend(self._on_record(item, ctx))
-        except OSError as exc:
-            results.append(Result(
-                check=self.name, status=Status.UNKNOWN, target=NODE, reason="KmsgReadError",
-                message=f"cannot read the kernel log {ctx.host.paths.kmsg_path}: {exc}",
-                details={"path": ctx.host.paths.kmsg_path, "error": str(exc)},
-                observed_at=ctx.clock.now()))
+        log_scan = KernelLogScan(ctx, (b"NVRM",))
+        for item in log_scan:
+            if isinstance(item, KmsgGap):
+                gaps += 1
+                continue
+            malformed += item.malformed
+            results.extend(self._on_record(item, ctx))
+        scan, unread = log_scan.stats, log_scan.unread
         stats = {"lines_scanned": scan.lines, "xid_events": len(results),
                  "parse_errors": self.parse_errors - errors_before, "kmsg_gaps": gaps,
                  "malformed_records": malformed, "catalog_version": xid_catalog().version}
         seen = {r.target for r in results}
         for pci, (index, uuid) in sorted(self._gpu_map(ctx).items(), key=lambda kv: kv[1][0]):
-            if gpu_target(index) not in seen:
-                results.append(self.ok(ctx, gpu_target(index), "no XID in the kernel log",
-                                       {"uuid": uuid, "pci_bus_id": pci, **stats}))
-        if not results:
+            target = gpu_target(index)
+            if target in seen:
+                continue
+            details = {"uuid": uuid, "pci_bus_id": pci, **stats}
+            results.append(unread.result(self, ctx, target, details) if unread is not None
+                           else self.ok(ctx, target, "no XID in the kernel log", details))
+        if unread is not None and not any(r.reason == unread.reason for r in results):
+            results.append(unread.result(self, ctx, NODE, stats))  # no GPU carries it
+        elif not results:
             results.append(self.ok(ctx, NODE, f"no XID in {scan.lines} kernel-log lines",
                                    stats))
         return results

@@ -1,7 +1,8 @@
 """The check interface: declared metadata plus ``run`` / ``poll`` / ``on_kmsg``.
 
 A check is a class in its own module under ``checks/`` whose class attributes declare what it is
-(name = module name, kinds, summary, requirements, interval, timeout, every reason it may emit).
+(name = module name, kinds, summary, requirements, whether a bootstrap requires it, interval,
+timeout, every reason it may emit).
 The declaration drives the runner (requirement gate, timeout), the docs catalog, the metrics
 (every declared reason's counter starts at 0) and the test markers. A check reads the host only
 through its ``Context`` and returns ``Result`` values; it never touches Prometheus, Kubernetes or
@@ -31,6 +32,7 @@ FRAMEWORK_REASONS = (
     "Timeout",
     "CheckCrashed",
     "RequirementMissing",
+    "DisabledByConfig",
     "NoResult",
     "GpuBusy",
     "MigEnabled",
@@ -78,9 +80,28 @@ class Context:
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("gpu_monitor.check"))
     force: bool = False
     one_shot: bool = True  # False inside the daemon (windowed checks then use history)
+    # Inside the daemon: why its kernel-log follower is not reading now (None while it reads),
+    # so event-driven checks make no claim about a log nobody is reading.
+    kmsg_error: str | None = None
+
+    def required(self, check: Check | type[Check]) -> bool:
+        """Whether a bootstrap must run ``check``: ``checks.<name>.required`` from the config,
+        else from the profile, else the check's declaration."""
+        try:
+            value = self.setting(check.name, "required", None)
+        except Exception:  # noqa: BLE001 - a stub profile or config: the declaration decides
+            value = None
+        return bool(check.required) if value is None else bool(value)
 
     def setting(self, check: str, key: str, default: Any = None) -> Any:
-        """A check's setting: config ``checks.<check>.<key>`` over the profile's, else default."""
+        """A check's setting: config ``checks.<check>.<key>`` over the profile's, else default.
+
+        ``key`` must be declared for ``check`` (``profiles.declared_settings``): an undeclared
+        one raises ``UndeclaredSetting`` instead of quietly giving ``default``, because no file
+        could ever set it and its value would never have been type-checked."""
+        from gpu_monitor.profiles import setting_spec
+
+        setting_spec(check, key)
         value = self.config.check_setting(check, key)
         if value is not None:
             return value
@@ -99,6 +120,16 @@ class Check:
     timeout: ClassVar[float] = 60.0
     reasons: ClassVar[tuple[str, ...]] = ()
     invasive: ClassVar[bool] = False  # loads the GPUs; refuses to run beside foreign processes
+    # A bootstrap must run this check to pass: when a tool or runtime it needs is missing (see
+    # Host.requirement_gap: no dcgmi, no torch, no perftest where RDMA ports are expected) the
+    # bootstrap's verdict is `unknown`, not `healthy`. Not-applicable skips (no GPU expected, no
+    # NVSwitch, no RDMA port expected) never count. A profile or the config may override it per
+    # SKU: ``checks.<name>.required``.
+    required: ClassVar[bool] = False
+    # Skip reasons the check's own code gives when a tool or runtime it needs turns out to be
+    # missing (the requirement gate cannot see everything: dcgmi installed but no host engine).
+    # For a required check in a bootstrap the runner reports them `unknown`.
+    unavailable_reasons: ClassVar[tuple[str, ...]] = ()
 
     # --- what a check implements -------------------------------------------------------
 
@@ -130,6 +161,7 @@ class Check:
             "kinds": sorted(k.value for k in cls.kinds),
             "summary": cls.summary,
             "requires": sorted(cls.requires),
+            "required": cls.required,
             "interval_s": cls.interval,
             "timeout_s": cls.timeout,
             "reasons": list(cls.reasons),

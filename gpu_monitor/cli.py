@@ -3,17 +3,21 @@
 Every subcommand builds the same pieces (config, host, profile, store, checks) through
 ``build_env`` and hands them to the runner, the daemon or the remediation layer. Exit codes of
 one-shot commands are a contract: 0 healthy (degraded results are listed), 1 unhealthy, 2 usage
-or configuration error, 3 could not decide.
+or configuration error, 3 could not decide; 130 after Ctrl-C and 143 after SIGTERM, each once
+every ``finally`` has run (a simulated node's temporary tree is always removed).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
+import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -38,15 +42,22 @@ class UsageError(Exception):
 # --- argument parsing -----------------------------------------------------------------------------
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+STATE_HELP_ONE_SHOT = (
+    "state database file to read and add to (default: none, a one-shot run keeps its state in "
+    "memory and writes no file; the config's state_path is the daemon's and is not used here; "
+    "pass /var/lib/gpu-monitor/state.db to read and add to the daemon's history)")
+STATE_HELP_DAEMON = (
+    "state database (default: state_path from --config, else /var/lib/gpu-monitor/state.db; "
+    "in memory with --simulate)")
+
+
+def _common(p: argparse.ArgumentParser, state_help: str = STATE_HELP_ONE_SHOT) -> None:
     g = p.add_argument_group("host and configuration")
     g.add_argument("--config", metavar="FILE", help="YAML configuration file")
     g.add_argument("--profile", metavar="NAME|FILE",
                    help="expectations profile: auto (by NVML product name), a shipped name "
                         "(h100-sxm-8, h200-sxm-8, a100-sxm-8, cpu-only) or a YAML file")
-    g.add_argument("--state", metavar="PATH",
-                   help="state database (default /var/lib/gpu-monitor/state.db; in memory with "
-                        "--simulate unless given)")
+    g.add_argument("--state", metavar="PATH", help=state_help)
     g.add_argument("--path.sysfs", dest="path_sysfs", default=None, metavar="DIR",
                    help="sysfs mount point (default /sys)")
     g.add_argument("--path.procfs", dest="path_procfs", default=None, metavar="DIR",
@@ -112,11 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
     lc.set_defaults(func=cmd_list_checks)
 
     lf = sub.add_parser("list-faults", help="list the --inject fault kinds")
-    lf.set_defaults(func=lambda args: (print(help_text()), 0)[1])
+    lf.add_argument("--output", "-o", choices=("table", "json"), default="table")
+    lf.set_defaults(func=cmd_list_faults)
 
     d = sub.add_parser("daemon", help="run the passive checks continuously and serve /metrics",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=help_text())
-    _common(d)
+    _common(d, state_help=STATE_HELP_DAEMON)
     d.add_argument("--listen", default=None, metavar="HOST:PORT",
                    help="metrics and health endpoint (default 0.0.0.0:9425)")
     d.add_argument("--once", action="store_true",
@@ -126,6 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--dry-run", action="store_true",
                    help="remediation decides, logs, events and counts, but changes nothing "
                         "(config remediation.dry_run)")
+    d.add_argument("--kubeconfig", metavar="FILE",
+                   help="reach the API server through this kubeconfig (a daemon outside a "
+                        "cluster; default: in-cluster config, else $KUBECONFIG, else "
+                        "~/.kube/config)")
+    d.add_argument("--context", metavar="NAME", help="kubeconfig context (default: current)")
     d.set_defaults(func=cmd_daemon)
 
     from gpu_monitor.remediate.cli import register as register_remediation
@@ -134,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     from gpu_monitor.fabric.cli import register as register_fabric
 
     register_fabric(sub)
+    from gpu_monitor.state_cli import register as register_state
+
+    register_state(sub)
     return parser
 
 
@@ -205,22 +225,28 @@ def build_env(args: argparse.Namespace, clock=None) -> Env:
     except InjectError as exc:
         raise UsageError(f"--inject {exc}") from None
 
-    sim = None
+    sim = host = None
     profile_arg = getattr(args, "profile", None) or config.profile or "auto"
     try:
         if simulate:
             from gpu_monitor.sim.node import SimulatedNode
 
             sim_profile = load_profile(simulate)
+            # Every file is validated before the simulated node is built (a bad one costs
+            # nothing and leaves nothing behind).
+            profile = config.apply_to(
+                sim_profile if profile_arg == "auto" else load_profile(profile_arg))
             try:
                 sim = SimulatedNode(sim_profile, faults, hostname=node)
             except InjectError as exc:
                 raise UsageError(f"--inject {exc}") from None
             host = sim.host()
             if args.kmsg:
-                raise UsageError("--kmsg cannot be combined with --simulate (the simulated node "
-                                 "has its own kernel log)")
-            profile = sim_profile if profile_arg == "auto" else load_profile(profile_arg)
+                # A given log replaces the simulated node's own (replaying a saved log against
+                # a profile's topology); faults that write kernel-log lines then go unread.
+                import dataclasses
+
+                host.paths = dataclasses.replace(host.paths, kmsg=args.kmsg)
         else:
             from gpu_monitor.host import Host
 
@@ -233,20 +259,43 @@ def build_env(args: argparse.Namespace, clock=None) -> Env:
             ) if (args.path_sysfs or args.path_procfs or args.path_dev or args.path_rootfs
                   or args.kmsg) else HostPaths()
             host = Host.real(paths)
-            profile = _auto_profile(host) if profile_arg == "auto" else load_profile(profile_arg)
-        profile = config.apply_to(profile)
+            profile = config.apply_to(
+                _auto_profile(host) if profile_arg == "auto" else load_profile(profile_arg))
         if sim is not None:
             profile = profile.for_simulation()
     except (ProfileError, ConfigError) as exc:
         if sim is not None:
             sim.close()
+        elif host is not None:
+            host.close()
         raise UsageError(str(exc)) from None
+    except BaseException:
+        # A usage error, Ctrl-C, anything: the simulated node's temporary tree goes with it.
+        if sim is not None:
+            sim.close()
+        raise
 
-    state_path = getattr(args, "state", None) or config.state_path
-    if not state_path:
-        state_path = ":memory:" if sim is not None else DEFAULT_STATE_DB
+    command = getattr(args, "command", None)
+    if command == "daemon":
+        state_path = (getattr(args, "state", None) or config.state_path
+                      or (":memory:" if sim is not None else DEFAULT_STATE_DB))
+    else:
+        # A one-shot run keeps its state in memory unless --state names a file: the config's
+        # state_path is the daemon's history, which an ad-hoc run must not add to (nor need
+        # root to open).
+        state_path = getattr(args, "state", None) or ":memory:"
     try:
-        store = Store.open(state_path, clock=clock)
+        # The long-running daemon may move a damaged file aside at start (state_recovery.py)
+        # rather than crash-loop; one-shot runs only report it.
+        if (command == "daemon" and not getattr(args, "once", False)
+                and config.daemon.recover_corrupt_state):
+            from gpu_monitor.state_recovery import AUTO_RECOVER_MAX_COPIES
+            from gpu_monitor.state_recovery import recover as open_or_recover
+
+            store, _ = open_or_recover(state_path, clock, by="daemon",
+                                       max_copies=AUTO_RECOVER_MAX_COPIES)
+        else:
+            store = Store.open(state_path, clock=clock)
     except PermissionError as exc:
         host.close()
         raise UsageError(f"cannot open state database {state_path}: {exc}; pass --state PATH "
@@ -254,6 +303,9 @@ def build_env(args: argparse.Namespace, clock=None) -> Env:
     except StoreError as exc:
         host.close()
         raise UsageError(str(exc)) from None
+    except BaseException:
+        host.close()
+        raise
     return Env(config=config, profile=profile, host=host, store=store, node=node, clock=clock,
                sim=sim)
 
@@ -281,7 +333,10 @@ def _auto_profile(host):
         {"name": "generic", "gpu": {"count": len(names)}})
 
 
-def _select_checks(env: Env, kinds, only=None, skip=()):
+def _select_checks(env: Env, kinds, only=None, skip=(), keep_disabled: bool = False):
+    """The checks to run, in suite order. Checks the config disables are left out, unless
+    ``keep_disabled`` (a bootstrap reports them; see ``disabled_by_config``). ``--checks``
+    names run whatever the config says."""
     from gpu_monitor.registry import RegistryError, all_check_classes, select
 
     classes = all_check_classes()
@@ -292,15 +347,42 @@ def _select_checks(env: Env, kinds, only=None, skip=()):
         raise UsageError(str(exc)) from None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    if not only:
+    if not only and not keep_disabled:
         chosen = [c for c in chosen if env.config.check_enabled(c.name)]
     return [c() for c in chosen]
+
+
+def disabled_by_config(env: Env, checks, only=None) -> dict[str, str]:
+    """Check name -> the config field that disables it, for the checks given (none when the
+    checks were named with ``--checks``: a named check runs)."""
+    if only:
+        return {}
+    return {c.name: env.config.disabled_by(c.name) for c in checks
+            if not env.config.check_enabled(c.name)}
+
+
+def bootstrap_suite(env: Env, kinds, only=None, skip=()):
+    """(checks in suite order, the config-disabled ones among them) for a bootstrap run."""
+    checks = _select_checks(env, kinds=kinds, only=only, skip=skip, keep_disabled=True)
+    return checks, disabled_by_config(env, checks, only)
 
 
 # --- output ---------------------------------------------------------------------------------------
 
 _MARK = {Status.OK: "ok", Status.DEGRADED: "DEGRADED", Status.FAILED: "FAILED",
          Status.UNKNOWN: "UNKNOWN", Status.SKIPPED: "skipped"}
+
+
+# How a check's targets are counted in the table: healthy first, then not applicable, then the
+# problems from least to most severe ("14 ok, 2 skipped, 1 failed").
+_COUNT_ORDER = (Status.OK, Status.SKIPPED, Status.DEGRADED, Status.UNKNOWN, Status.FAILED)
+
+
+def _counts(results) -> str:
+    n = {s: 0 for s in _COUNT_ORDER}
+    for r in results:
+        n[r.status] += 1
+    return ", ".join(f"{n[s]} {s.value}" for s in _COUNT_ORDER if n[s])
 
 
 def render_table(report: Report) -> str:
@@ -316,7 +398,7 @@ def render_table(report: Report) -> str:
             msg = oks[0].message if len(oks) == 1 else f"{len(oks)} targets ok"
             lines.append(f"{head:<32} {msg}")
             continue
-        lines.append(f"{head:<32} {len(oks)} ok, {len(results) - len(oks)} not ok")
+        lines.append(f"{head:<32} {_counts(results)}")
         for r in results:
             if r.status is Status.OK:
                 continue
@@ -334,28 +416,72 @@ def emit(report: Report, output: str) -> None:
         print(render_table(report))
 
 
-class Progress:
-    """Check, elapsed time and a rough ETA on a terminal (stderr), silent otherwise."""
+def expected_durations(checks, ctx) -> list[tuple[float, bool]]:
+    """How long each check is expected to take: ``(seconds, measured)``.
 
-    def __init__(self, stream=None):
+    The duration of its last completed run in the store when there is one (``measured``),
+    else its time budget (the configured ``timeout_s``, else the declared timeout): an upper
+    bound, not a guess from other checks. The passive checks take milliseconds; averaging
+    them said "~3 s" in front of a burn-in with half a minute to go.
+    """
+    out: list[tuple[float, bool]] = []
+    for check in checks:
+        info = None
+        if ctx.store is not None:
+            try:
+                info = ctx.store.last_run(check.name)
+            except Exception:  # noqa: BLE001 - an estimate is never worth failing a run
+                info = None
+        if info is not None and info.success:
+            out.append((max(0.0, float(info.duration_s)), True))
+            continue
+        try:
+            budget = float(ctx.setting(check.name, "timeout_s", check.timeout))
+        except (TypeError, ValueError, AttributeError):
+            budget = float(check.timeout)
+        out.append((max(0.0, budget), False))
+    return out
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+class Progress:
+    """Check, elapsed time and an ETA on a terminal (stderr), silent otherwise.
+
+    ``expected[i]`` is check i's ``(seconds, measured)`` (``expected_durations``): the ETA at
+    check i is the sum over the checks still to run, this one included, written ``~N`` when
+    every term was measured and ``<= N`` when some are only time budgets.
+    """
+
+    def __init__(self, stream=None, expected: list[tuple[float, bool]] | None = None):
         self.stream = stream or sys.stderr
         self.enabled = self.stream.isatty()
         self.t0 = time.monotonic()
-        self.durations: list[float] = []
+        self.expected = list(expected or ())
+
+    def eta(self, i: int) -> str:
+        rest = self.expected[i:]
+        if not rest:
+            return ""
+        seconds = sum(s for s, _ in rest)
+        mark = "~" if all(m for _, m in rest) else "<= "
+        return f", ETA {mark}{_duration(seconds)}"
 
     def start(self, check, i: int, total: int) -> None:
         if not self.enabled:
             return
         elapsed = time.monotonic() - self.t0
-        eta = ""
-        remaining = total - i
-        if self.durations:
-            eta = f", ETA ~{(sum(self.durations) / len(self.durations)) * remaining:.0f} s"
-        self.stream.write(f"\r\x1b[K[{i + 1}/{total}] {check.name} (elapsed {elapsed:.0f} s{eta})")
+        self.stream.write(f"\r\x1b[K[{i + 1}/{total}] {check.name} "
+                          f"(elapsed {elapsed:.0f} s{self.eta(i)})")
         self.stream.flush()
 
     def done(self, outcome, i: int, total: int) -> None:
-        self.durations.append(outcome.duration_s)
         if self.enabled and i + 1 == total:
             self.stream.write("\r\x1b[K")
             self.stream.flush()
@@ -364,14 +490,16 @@ class Progress:
 # --- commands --------------------------------------------------------------------------------------
 
 
-def _run(env: Env, checks, args, fail_fast: bool = False) -> int:
+def _run(env: Env, checks, args, fail_fast: bool = False, bootstrap: bool = False,
+         disabled: dict[str, str] | None = None) -> int:
     from gpu_monitor.runner import RunnerHooks, run_suite
 
-    progress = Progress()
+    ctx = env.context(force=getattr(args, "force", False))
+    progress = Progress(expected=expected_durations(checks, ctx))
     hooks = RunnerHooks(on_start=progress.start, on_done=progress.done)
     env.host.start(env.clock)
-    _, report = run_suite(checks, env.context(force=getattr(args, "force", False)),
-                          fail_fast=fail_fast, hooks=hooks)
+    _, report = run_suite(checks, ctx, fail_fast=fail_fast, hooks=hooks, bootstrap=bootstrap,
+                          disabled=disabled)
     emit(report, args.output)
     return report.exit_code
 
@@ -379,9 +507,10 @@ def _run(env: Env, checks, args, fail_fast: bool = False) -> int:
 def cmd_bootstrap(args) -> int:
     env = build_env(args)
     try:
-        checks = _select_checks(env, kinds={Kind.BOOTSTRAP, Kind.PASSIVE},
-                                only=_split(args.checks), skip=_split(args.skip))
-        return _run(env, checks, args, fail_fast=args.fail_fast)
+        checks, disabled = bootstrap_suite(env, kinds={Kind.BOOTSTRAP, Kind.PASSIVE},
+                                           only=_split(args.checks), skip=_split(args.skip))
+        return _run(env, checks, args, fail_fast=args.fail_fast, bootstrap=True,
+                    disabled=disabled)
     finally:
         env.close()
 
@@ -397,24 +526,46 @@ def cmd_check(args) -> int:
 
 def cmd_list_checks(args) -> int:
     from gpu_monitor.config import ConfigError, load_config
+    from gpu_monitor.profiles import ProfileError, load_profile
     from gpu_monitor.registry import all_check_classes
 
+    classes = all_check_classes()
     try:
         config = load_config(getattr(args, "config", None))
-    except ConfigError as exc:
+        config.validate_checks([c.name for c in classes])
+        named = getattr(args, "profile", None)
+        if named and named != "auto":  # a bad --profile is an error here too, not ignored
+            config.apply_to(load_profile(named))
+    except (ConfigError, ProfileError) as exc:
         raise UsageError(str(exc)) from None
     rows = []
-    for cls in all_check_classes():
+    for cls in classes:
         d = cls.describe()
         d["enabled"] = bool(config.check_enabled(cls.name))
         rows.append(d)
     if args.output == "json":
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"{'NAME':<16} {'KINDS':<28} {'ENABLED':<8} {'REQUIRES':<22} SUMMARY")
+    print(f"{'NAME':<16} {'KINDS':<28} {'ENABLED':<8} {'REQUIRED':<9} {'REQUIRES':<22} "
+          "SUMMARY")
     for d in rows:
         print(f"{d['name']:<16} {','.join(d['kinds']):<28} {'yes' if d['enabled'] else 'no':<8} "
-              f"{','.join(d['requires']) or '-':<22} {d['summary']}")
+              f"{'yes' if d['required'] else 'no':<9} {','.join(d['requires']) or '-':<22} "
+              f"{d['summary']}")
+    return 0
+
+
+def cmd_list_faults(args) -> int:
+    """The ``--inject`` fault kinds, as the help text or as JSON (one object per kind)."""
+    from gpu_monitor.sim.inject import KINDS, help_text
+
+    if args.output != "json":
+        print(help_text())
+        return 0
+    rows = [{"name": k.name, "target": k.target, "params": list(k.params),
+             "timed": bool(k.timed), "example": k.example, "summary": k.summary}
+            for k in KINDS.values()]
+    print(json.dumps(rows, indent=2))
     return 0
 
 
@@ -428,6 +579,34 @@ def cmd_daemon(args) -> int:
         env.close()
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM during a command: unwinds like Ctrl-C, so every ``finally`` runs (the
+    simulated node's temporary tree, worker processes) before the process exits 143."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds():
+    """While a command runs, SIGTERM raises ``Terminated`` instead of killing the process
+    outright; only in the main thread, only over the default disposition (the daemon installs
+    its own handler; an embedding program keeps its own), restored afterwards."""
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        try:
+            if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+                previous = signal.signal(signal.SIGTERM, _raise_terminated)
+        except (ValueError, OSError):
+            previous = None
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -435,10 +614,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # argparse exits 2 on usage errors already
         return int(exc.code or 0)
     try:
-        return int(args.func(args))
+        with _sigterm_unwinds():
+            return int(args.func(args))
     except UsageError as exc:
         print(f"gpu-monitor: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except Terminated:
+        return 143
     except KeyboardInterrupt:
         return 130
 

@@ -8,11 +8,15 @@ per-check switches and settings, and remediation's safety rails (dry-run by defa
 Guarantees:
 
 1. A config that loads is valid. Unknown keys (with a "did you mean"), wrong types,
-   out-of-range numbers, malformed YAML (with its line) and a missing file raise
-   ``ConfigError`` naming the file and the field path. ``profile_overrides`` is checked
-   against the profile schema at load time, not when the profile is applied.
+   out-of-range numbers, malformed YAML (with its line), a file that is missing, a directory,
+   not UTF-8 or over the size bounds raise ``ConfigError`` naming the file and the field path.
+   ``profile_overrides`` is checked against the profile schema at load time, not when the
+   profile is applied.
 2. Unknown check *names* are accepted at load (checks also come from plugins) and rejected by
-   ``Config.validate_checks(known_names)`` once the registry is known.
+   ``Config.validate_checks(known_names)`` once the registry is known. A built-in check's
+   block holds only its declared settings (``profiles.declared_settings``), each type-checked,
+   so a check never reads a value of the wrong type; a plugin's block is free-form but for the
+   common keys.
 3. ``Config`` is an immutable value; every default is written once, here, and documented in
    docs/configuration.md (a test keeps the two in step).
 """
@@ -27,10 +31,11 @@ from typing import Any
 
 from gpu_monitor.hw.paths import DEFAULT_REBOOT_SENTINEL
 from gpu_monitor.profiles import (
-    CHECK_SECTIONS,
     CHECK_SETTINGS,
     COMMON_CHECK_KEYS,
     PROFILE_SCHEMA,
+    SECONDS,
+    SECONDS0,
     Any_,
     Bool,
     Int,
@@ -44,11 +49,14 @@ from gpu_monitor.profiles import (
     SchemaError,
     Spec,
     Str,
+    declared_settings,
     freeze,
     load_profile,
     match_profile,
+    read_text,
     read_yaml,
     schema_paths,
+    setting_spec,
     suggest,
     validate,
 )
@@ -71,10 +79,33 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 DEFAULT_LISTEN = "0.0.0.0:9425"
 DEFAULT_TAINT_KEY = "gpu-monitor.io/unhealthy"
 
+# What ``checks.<name>.remediation`` may name: remediate.policy's Op values and "ignore" (a
+# test keeps the two in step; config does not import the remediation layer).
+REMEDIATION_OPS = ("event", "cordon", "drain", "reset_gpu", "reboot", "replace", "ignore")
+_OP = Str(choices=REMEDIATION_OPS, lower=True)
+
+
+@dataclass(frozen=True)
+class _OpOrByReason(Spec):
+    """``checks.<name>.remediation``: one operation for all the check's findings, or a
+    mapping reason -> operation (docs/remediation.md)."""
+
+    desc = "an operation (" + ", ".join(REMEDIATION_OPS) + ") or a mapping reason -> operation"
+
+    def check(self, value, path, problems, partial=False):
+        if isinstance(value, Mapping):
+            by_reason = Map({}, extra=_OP, typo_cutoff=None, doc="a mapping reason -> operation")
+            return by_reason.check(value, path, problems, partial)
+        if isinstance(value, str):
+            return _OP.check(value, path, problems, partial)
+        return self.bad(value, path, problems)
+
+
 # Keys a config ``checks.<name>`` block may hold for any check, built-in or plugin.
 SWITCH_KEYS: dict[str, Spec] = {
     "enabled": Bool(),
     "observe_only": Bool(),
+    "remediation": _OpOrByReason(),
 }
 
 
@@ -92,6 +123,9 @@ class DaemonConfig:
     kmsg_replay: bool = True  # replay the kernel ring buffer at start-up
     bootstrap_on_start: bool = True  # run the bootstrap suite until the node has a recorded pass
     bootstrap_retry_s: float = 600.0  # retry an undecided/failed bootstrap after this long
+    # At start, move a damaged state file aside and start empty instead of exiting (the
+    # DaemonSet would crash-loop, leaving the node unmonitored); never deletes anything.
+    recover_corrupt_state: bool = True
 
 
 @dataclass(frozen=True)
@@ -154,7 +188,9 @@ class Config:
 
     def check_setting(self, check: str, key: str) -> Any:
         """``checks.<check>.<key>`` from the file, else None (the profile then decides).
-        ``nccl_ib_timeout`` / ``nccl_ib_retry_cnt`` fall back to the top-level ``nccl``."""
+        ``nccl_ib_timeout`` / ``nccl_ib_retry_cnt`` fall back to the top-level ``nccl``.
+        ``UndeclaredSetting`` when ``key`` is not declared for ``check``."""
+        setting_spec(check, key)
         block = self.checks.get(check)
         if block is not None and block.get(key) is not None:
             return block[key]
@@ -174,6 +210,18 @@ class Config:
         if self.enabled_checks is not None:
             return name in self.enabled_checks
         return default
+
+    def disabled_by(self, name: str) -> str:
+        """The field that disables check ``name`` (as ``check_enabled`` decides), for reports
+        that say why a check did not run; empty when it is enabled."""
+        if name in self.disabled_checks:
+            return f"disabled_checks[{self.disabled_checks.index(name)}]"
+        explicit = (self.checks.get(name) or {}).get("enabled")
+        if explicit is not None:
+            return "" if explicit else f"checks.{name}.enabled: false"
+        if self.enabled_checks is not None and name not in self.enabled_checks:
+            return "not in enabled_checks"
+        return ""
 
     def check_observe_only(self, name: str) -> bool:
         """Observe-only checks are stored and exported but never drive remediation."""
@@ -241,22 +289,12 @@ DEFAULT_CONFIG = Config()
 
 # --- the schema ---------------------------------------------------------------------------------
 
-_POS = Num(0, lo_open=True)
-_NONNEG = Num(0)
-
-
 def _check_block(name: str) -> Map:
-    """A config ``checks.<name>`` block: switches, common keys and, for a built-in check, its
-    declared settings (typed) plus its sections' keys. Other keys are accepted (a check may
-    read settings the schema does not declare) unless they look like a typo."""
-    declared: dict[str, Spec] = {**SWITCH_KEYS, **COMMON_CHECK_KEYS}
-    declared.update(CHECK_SETTINGS.get(name, {}))
-    for section in CHECK_SECTIONS.get(name, ()):
-        sec = PROFILE_SCHEMA.fields[section]
-        if isinstance(sec, Map):
-            for key, spec in sec.fields.items():
-                declared.setdefault(key, spec)
-    return Map(declared, extra=Any_(), typo_cutoff=0.8, doc=f"a mapping of {name} settings")
+    """A config ``checks.<name>`` block of a built-in check: the switches and every setting the
+    check declares (its own, the common keys, its sections' keys), each typed. Nothing else:
+    an undeclared key is an error (with a "did you mean"), not a value passed on untyped."""
+    declared = declared_settings(name) or {}
+    return Map({**SWITCH_KEYS, **declared}, doc=f"a mapping of {name} settings")
 
 
 _GENERIC_CHECK = Map(dict(SWITCH_KEYS) | dict(COMMON_CHECK_KEYS), extra=Any_(), typo_cutoff=0.8,
@@ -301,22 +339,23 @@ CONFIG_SCHEMA = Map({
         "report_dir": Nullable(Str(what="a directory path")),
         "kmsg_replay": Bool(),
         "bootstrap_on_start": Bool(),
-        "bootstrap_retry_s": _POS,
+        "bootstrap_retry_s": SECONDS,
+        "recover_corrupt_state": Bool(),
     }),
     "remediation": Map({
         "enabled": Bool(),
         "dry_run": Bool(),
         "taint_key": _TAINT_KEY,
         "hysteresis_polls": Int(1),
-        "hysteresis_s": _NONNEG,
+        "hysteresis_s": SECONDS0,
         "breaker": Map({
             "budget_fraction": Num(0, 1, lo_open=True),
             "max_nodes": Int(1),
-            "cooldown_s": _NONNEG,
-            "ttl_s": _POS,
+            "cooldown_s": SECONDS0,
+            "ttl_s": SECONDS,
         }),
         "drain": Map({
-            "timeout_s": _POS,
+            "timeout_s": SECONDS,
             "gpu_pods_only": Bool(),
             "delete_emptydir_data": Bool(),
             "force_delete": Bool(),
@@ -411,16 +450,5 @@ def load_config(path: str | os.PathLike[str] | None = None,
         return parse_config({}, None, env)
     ref = os.fspath(path)
     label = f"config {ref}"
-    try:
-        with open(ref, encoding="utf-8") as fh:
-            text = fh.read()
-    except FileNotFoundError:
-        raise ConfigError(label, [("", "file not found")]) from None
-    except IsADirectoryError:
-        raise ConfigError(label, [("", "is a directory, not a file")]) from None
-    except OSError as exc:
-        raise ConfigError(label, [("", f"cannot read: {exc.strerror or exc}")]) from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(label, [("", f"not UTF-8 text: {exc.reason}")]) from None
-    data = read_yaml(text, label, ConfigError)
+    data = read_yaml(read_text(ref, label, ConfigError), label, ConfigError)
     return parse_config(data, ref, env)

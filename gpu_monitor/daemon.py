@@ -204,6 +204,7 @@ class Daemon:
         except OSError as exc:
             log.error("cannot open the kernel log %s: %s; XID detection is unknown",
                       self.ctx.host.paths.kmsg_path, exc)
+            self.ctx.kmsg_error = str(exc)
             self._report_kmsg_problem("KmsgUnavailable",
                                       f"cannot read the kernel log: {exc}")
             self.replayed.set()
@@ -258,8 +259,10 @@ class Daemon:
             items = src.read_available()
         except OSError as exc:
             log.error("kernel log read failed: %s", exc)
+            self.ctx.kmsg_error = f"read failed: {exc}"
             self._report_kmsg_problem("KmsgUnavailable", f"kernel log read failed: {exc}")
             return 0
+        self.ctx.kmsg_error = None
         store = self.ctx.store
         high = None
         if store is not None and self._boot_id:
@@ -400,7 +403,24 @@ def build_registry(daemon: Daemon, store, check_classes, clock, extra=()):
     return registry
 
 
-def _remediator(env, checks_for_retest):
+def _kube_factory(args):
+    """``--kubeconfig``/``--context``, checked at start (a bad one exits 2 naming the flag);
+    None: in-cluster config, else $KUBECONFIG / ~/.kube/config, when first needed."""
+    from gpu_monitor.cli import UsageError
+
+    path, context = getattr(args, "kubeconfig", None), getattr(args, "context", None)
+    if not path and not context:
+        return None
+    from gpu_monitor.remediate.kube import KubeConfigError, kubeconfig_factory
+
+    try:
+        return kubeconfig_factory(path, context)
+    except KubeConfigError as exc:
+        flag = "--kubeconfig" if path else f"--context {context}"
+        raise UsageError(f"{flag} {exc}") from None
+
+
+def _remediator(env, checks_for_retest, kube_factory=None):
     """The node's remediator when remediation is enabled in the config (else None)."""
     from gpu_monitor.hw.paths import DEFAULT_REPORT_DIR
     from gpu_monitor.remediate import Remediator
@@ -410,7 +430,7 @@ def _remediator(env, checks_for_retest):
     if report_dir is None and env.sim is None:
         report_dir = DEFAULT_REPORT_DIR
     return Remediator(
-        env.store, env.config, env.node, env.clock, None, env.host.runner,
+        env.store, env.config, env.node, env.clock, kube_factory, env.host.runner,
         paths=env.host.paths,
         retest=suite_retest(checks_for_retest, env.context(force=True)),
         namespace=os.environ.get("POD_NAMESPACE", "gpu-monitor"),
@@ -418,41 +438,64 @@ def _remediator(env, checks_for_retest):
     )
 
 
-def _node_client_factory(env, remediator):
+def _node_client_factory(env, remediator, kube_factory=None):
     if remediator is not None:
         return lambda: remediator.node
+
+    made = []  # one NodeClient: its Event queue outlives a failed send
 
     def make():
         from gpu_monitor.remediate.kube import Kube, NodeClient, load_api_client
 
-        return NodeClient(Kube(load_api_client(), env.clock), env.node)
+        if not made:
+            api = kube_factory() if kube_factory is not None else load_api_client()
+            made.append(NodeClient(Kube(api, env.clock), env.node))
+        return made[0]
 
     return make
 
 
-def _bootstrap_gate_thread(env, daemon: Daemon, remediator) -> threading.Thread | None:
-    """Runs the bootstrap suite in the background until the node has a recorded pass."""
-    from gpu_monitor.cli import _select_checks
+def active_runtime_missing(env) -> str:
+    """What this image lacks to run the active checks on this node ("" when nothing): the
+    requirement gate's answer for torch (the passive image has none; a CPU-only torch on a GPU
+    node has no CUDA). On a node whose profile expects no GPU nothing is lacking."""
+    gap = env.host.requirement_gap({"torch"}, env.context())
+    return gap.message if gap is not None and gap.missing else ""
+
+
+def make_bootstrap_gate(env, node_client):
+    """The provisioning gate over this node's bootstrap suite: every bootstrap check in suite
+    order, run as a bootstrap (required checks cannot be skipped for a missing tool; checks the
+    config disables are reported), and never lifting the taint from an image without the
+    active runtime (bootstrap_gate.py, contract 5)."""
+    from gpu_monitor.cli import bootstrap_suite
     from gpu_monitor.remediate.bootstrap_gate import BootstrapGate
     from gpu_monitor.runner import run_suite
 
-    if not env.config.daemon.bootstrap_on_start:
-        return None
-    checks = _select_checks(env, kinds={Kind.BOOTSTRAP})
+    checks, disabled = bootstrap_suite(env, kinds={Kind.BOOTSTRAP})
 
     def suite():
-        _, report = run_suite(checks, env.context(force=False))
+        _, report = run_suite(checks, env.context(force=False), bootstrap=True,
+                              disabled=disabled)
         return report
 
-    gate = BootstrapGate(env.store, suite, env.clock,
-                         node_client=_node_client_factory(env, remediator),
+    return BootstrapGate(env.store, suite, env.clock, node_client=node_client,
                          dry_run=env.config.remediation.dry_run,
-                         retry_s=env.config.daemon.bootstrap_retry_s)
+                         retry_s=env.config.daemon.bootstrap_retry_s,
+                         active_runtime=lambda: active_runtime_missing(env))
+
+
+def _bootstrap_gate_thread(env, daemon: Daemon, remediator,
+                           kube_factory=None) -> threading.Thread | None:
+    """Runs the bootstrap suite in the background until the node has a recorded pass."""
+    if not env.config.daemon.bootstrap_on_start:
+        return None
+    gate = make_bootstrap_gate(env, _node_client_factory(env, remediator, kube_factory))
 
     def loop() -> None:
         while not daemon.stop_event.is_set():
             try:
-                if gate.step() == "passed":
+                if gate.step() in ("passed", "blocked"):
                     return
             except Exception as exc:  # noqa: BLE001 - retried after the retry period
                 log.error("bootstrap gate error: %s", exc, exc_info=True)
@@ -469,6 +512,7 @@ def run_daemon(env, args) -> int:
     from gpu_monitor.cli import UsageError, _select_checks, emit
     from gpu_monitor.exporter import Exporter
 
+    kube_factory = _kube_factory(args)
     if getattr(args, "dry_run", False):
         env.config = dataclasses.replace(
             env.config, remediation=dataclasses.replace(env.config.remediation, dry_run=True))
@@ -494,7 +538,7 @@ def run_daemon(env, args) -> int:
         # one-shot run would re-report the Xid that caused the quarantine).
         retest_checks = [c for c in _select_checks(env, kinds={Kind.BOOTSTRAP})
                          if c.name != "xid"]
-        remediator = _remediator(env, retest_checks)
+        remediator = _remediator(env, retest_checks, kube_factory)
         extra.append(remediation_collector(env.store))
     daemon = Daemon(checks, ctx, remediator=remediator)
     listen = args.listen or env.config.daemon.listen
@@ -512,7 +556,7 @@ def run_daemon(env, args) -> int:
              env.node, env.host.description, len(checks),
              "off" if remediator is None else
              ("dry-run" if env.config.remediation.dry_run else "on"))
-    _bootstrap_gate_thread(env, daemon, remediator)
+    _bootstrap_gate_thread(env, daemon, remediator, kube_factory)
     try:
         daemon.run()
     finally:

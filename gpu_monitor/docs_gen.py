@@ -21,18 +21,24 @@ def checks_md() -> str:
     lines = [HEADER, "# Checks catalog\n\n",
              "Every built-in check, in the bootstrap suite's order (cheap first). `kinds`: "
              "`bootstrap` runs in `gpu-monitor bootstrap`, `passive` in the daemon, `periodic` "
-             "on idle nodes. A missing requirement gives `skipped` with the reason. Every check "
+             "on idle nodes. A requirement that does not apply to the node (no GPU expected, no "
+             "RDMA port expected, no NVSwitch) gives `skipped` with the reason. `required`: a "
+             "bootstrap must run the check, so there a tool or runtime it needs that is missing "
+             "(no `dcgmi`, no torch or a torch without CUDA, no perftest where RDMA ports are "
+             "expected) gives `unknown` naming it, and the verdict is `unknown` (exit 3); a "
+             "profile may say `checks.<name>.required: false` for its SKU. A check the config "
+             "disables is reported `skipped` `DisabledByConfig` by a bootstrap. Every check "
              "may also emit the framework reasons: "
              + ", ".join(f"`{r}`" for r in FRAMEWORK_REASONS) + ".\n\n",
-             "| check | kinds | requires | interval | timeout | summary |\n",
-             "|---|---|---|---|---|---|\n"]
+             "| check | kinds | requires | required | interval | timeout | summary |\n",
+             "|---|---|---|---|---|---|---|\n"]
     classes = all_check_classes(plugins=False)
     for cls in classes:
         d = cls.describe()
         interval = f"{d['interval_s']:g} s" if d["interval_s"] else "event / one-shot"
         lines.append(f"| [`{d['name']}`](#{d['name']}) | {', '.join(d['kinds'])} | "
-                     f"{', '.join(d['requires']) or '-'} | {interval} | {d['timeout_s']:g} s | "
-                     f"{d['summary']} |\n")
+                     f"{', '.join(d['requires']) or '-'} | {'yes' if d['required'] else 'no'} | "
+                     f"{interval} | {d['timeout_s']:g} s | {d['summary']} |\n")
     for cls in classes:
         d = cls.describe()
         doc = (sys.modules[cls.__module__].__doc__ or "").strip()
@@ -45,6 +51,10 @@ def checks_md() -> str:
                          + f", and {numbered} numbered codes (e.g. `{reasons[0]}`).\n")
         else:
             lines.append("Reasons: " + (", ".join(f"`{r}`" for r in reasons) or "-") + ".\n")
+        if cls.unavailable_reasons:
+            lines.append("\nA tool or runtime it needs is missing (`unknown` in a bootstrap that "
+                         "requires the check): "
+                         + ", ".join(f"`{r}`" for r in cls.unavailable_reasons) + ".\n")
     return "".join(lines)
 
 

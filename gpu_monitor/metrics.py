@@ -64,6 +64,9 @@ METRICS: tuple[MetricDoc, ...] = (
     MetricDoc("gpu_monitor_bootstrap_state", "gauge", ("state",),
               "The provisioning gate: passed (a pass is recorded), failed, unknown (last suite "
               "undecided) or pending (not run yet); 1 = current."),
+    MetricDoc("gpu_monitor_state_recoveries_total", "counter", (),
+              "Damaged state files moved aside on this node (by the daemon at start or by "
+              "gpu-monitor state recover), counted from the copies kept beside the file."),
     MetricDoc("gpu_monitor_kmsg_parse_errors_total", "counter", (),
               "Kernel-log lines that could not be parsed."),
     MetricDoc("gpu_monitor_kmsg_gaps_total", "counter", (),
@@ -133,6 +136,7 @@ class StoreCollector:
         yield from self._rdma_metrics(latest)
         yield from self._gpu_metrics(latest)
         yield self._bootstrap_metric()
+        yield from self._recoveries_metric()
         stats = self.stats()
         for key, name in (("kmsg_parse_errors", "gpu_monitor_kmsg_parse_errors"),
                           ("kmsg_gaps", "gpu_monitor_kmsg_gaps")):
@@ -158,6 +162,18 @@ class StoreCollector:
         for s in BOOTSTRAP_STATES:
             g.add_metric([s], 1.0 if s == state else 0.0)
         return g
+
+    def _recoveries_metric(self):
+        from gpu_monitor.state_recovery import recoveries_total
+
+        try:
+            total = recoveries_total(self.store)
+        except Exception:  # noqa: BLE001 - a scrape never fails on one family
+            return  # absent rather than a 0 that would read as a counter reset
+        c = CounterMetricFamily("gpu_monitor_state_recoveries",
+                                _help("gpu_monitor_state_recoveries_total"))
+        c.add_metric([], float(total))
+        yield c
 
     # --- per-check -------------------------------------------------------------------------------
 

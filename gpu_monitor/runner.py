@@ -5,7 +5,13 @@ Guarantees, in order of importance:
    naming the exception (``CheckCrashed``), a check that overruns its timeout becomes
    ``unknown`` (``Timeout``) and the caller moves on.
 2. A missing requirement (no NVML, no GPU, no dcgmi...) gives ``skipped`` with the reason, and
-   the check's code is not entered.
+   the check's code is not entered -- except in a bootstrap (``bootstrap=True``) for a check
+   the bootstrap requires (``Context.required``): there a tool or runtime that is *missing*
+   (Host.requirement_gap; not "not applicable here") gives ``unknown`` naming it, and so do the
+   check's own ``unavailable_reasons`` skips. A bootstrap that did not run its checks is not
+   healthy.
+2a. A check the config disables is not run by a bootstrap, but it is reported: one ``skipped``
+   ``DisabledByConfig`` result whose message says "disabled by config" and names the field.
 3. Every run records its duration and whether it completed (the framework's "success", like
    node_exporter's per-collector ``scrape_collector_success``), independent of the verdict.
 4. A check that returns nothing gets one ``ok`` result for ``node`` only when it completed, so
@@ -14,14 +20,17 @@ Guarantees, in order of importance:
 
 from __future__ import annotations
 
+import dataclasses
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from gpu_monitor.check import Check, Context
 from gpu_monitor.hw.nvml import NvmlError
 from gpu_monitor.model import NODE, Report, Result, Status, verdict_of
+
+REQUIRED_NOTE = "required for the bootstrap"
 
 
 @dataclass(frozen=True)
@@ -115,17 +124,62 @@ def _not_proven_free(check: Check, ctx: Context, index: int | None, err: NvmlErr
                   observed_at=ctx.clock.now())
 
 
+def _requirement_result(check: Check, ctx: Context, gap, required: bool) -> Result:
+    details = {"requires": sorted(check.requires), "requirement": gap.requirement}
+    if not gap.missing:
+        return _framework_result(check, ctx, Status.SKIPPED, "RequirementMissing", gap.message,
+                                 {**details, "not_applicable": True})
+    if required:
+        return _framework_result(
+            check, ctx, Status.UNKNOWN, "RequirementMissing",
+            f"{check.name} is {REQUIRED_NOTE} but cannot run: {gap.message}",
+            {**details, "required": True})
+    return _framework_result(check, ctx, Status.SKIPPED, "RequirementMissing", gap.message,
+                             details)
+
+
+def _as_required(check: Check, results: tuple[Result, ...]) -> tuple[Result, ...]:
+    """A required check's own "a tool is missing" skips, as the ``unknown`` they are in a
+    bootstrap."""
+    missing = set(check.unavailable_reasons)
+    if not missing:
+        return results
+    return tuple(
+        dataclasses.replace(
+            r, status=Status.UNKNOWN,
+            message=f"{check.name} is {REQUIRED_NOTE} but could not run: {r.message}",
+            details={**dict(r.details), "required": True})
+        if r.status is Status.SKIPPED and r.reason in missing else r
+        for r in results)
+
+
+def disabled_outcome(check: Check | type[Check], ctx: Context, why: str) -> RunOutcome:
+    """What a bootstrap reports for a check the config disables: it was not run, on purpose."""
+    now = ctx.clock.now()
+    res = Result(check=check.name, status=Status.SKIPPED, target=NODE,
+                 reason="DisabledByConfig",
+                 message=f"{check.name} disabled by config ({why}); not run",
+                 details={"disabled_by": why, "required": ctx.required(check)},
+                 observed_at=now)
+    return RunOutcome(check.name, (res,), now, 0.0, True)
+
+
 def run_check(check: Check, ctx: Context, method: str = "run", record: object = None,
-              timeout: float | None = None) -> RunOutcome:
-    """Run ``check.<method>(ctx)`` with the requirement gate, timeout and crash capture."""
+              timeout: float | None = None, bootstrap: bool = False) -> RunOutcome:
+    """Run ``check.<method>(ctx)`` with the requirement gate, timeout and crash capture.
+
+    ``bootstrap``: this run is part of a bootstrap suite, so a check the bootstrap requires
+    cannot be skipped for a missing tool (guarantee 2)."""
     started = ctx.clock.now()
     clock = ctx.clock
     t0 = clock.monotonic()
-    unmet = ctx.host.unmet(check.requires, ctx, invasive=check.invasive)
-    if unmet:
-        res = _framework_result(check, ctx, Status.SKIPPED, "RequirementMissing", unmet,
-                                {"requires": sorted(check.requires)})
-        return RunOutcome(check.name, (res,), started, clock.monotonic() - t0, True)
+    required = bootstrap and ctx.required(check)
+    gap = ctx.host.requirement_gap(check.requires, ctx)
+    if gap is not None:
+        res = _requirement_result(check, ctx, gap, required)
+        return RunOutcome(check.name, (res,), started, clock.monotonic() - t0,
+                          res.status is Status.SKIPPED,
+                          "" if res.status is Status.SKIPPED else "requirement-missing")
 
     if check.invasive:
         gate = _invasive_gate(check, ctx)
@@ -188,20 +242,31 @@ def run_check(check: Check, ctx: Context, method: str = "run", record: object = 
     if not results and method != "on_kmsg":
         results = (_framework_result(check, ctx, Status.OK, "NoResult",
                                      f"{check.name} found nothing to report"),)
+    if required:
+        results = _as_required(check, results)
     return RunOutcome(check.name, results, started, duration, True)
 
 
 def run_suite(checks: Sequence[Check], ctx: Context, fail_fast: bool = False,
-              hooks: RunnerHooks | None = None) -> tuple[list[RunOutcome], Report]:
-    """Run checks in the given order; stop after the first failing check with ``fail_fast``."""
+              hooks: RunnerHooks | None = None, *, bootstrap: bool = False,
+              disabled: Mapping[str, str] | None = None) -> tuple[list[RunOutcome], Report]:
+    """Run checks in the given order; stop after the first failing check with ``fail_fast``.
+
+    ``bootstrap``: the suite is a bootstrap (guarantee 2). ``disabled``: check name -> the
+    config field that disables it; such a check is reported ``DisabledByConfig``, not run.
+    """
     hooks = hooks or RunnerHooks()
+    disabled = disabled or {}
     started = ctx.clock.now()
     outcomes: list[RunOutcome] = []
     total = len(checks)
     for i, check in enumerate(checks):
         if hooks.on_start:
             hooks.on_start(check, i, total)
-        outcome = run_check(check, ctx)
+        if check.name in disabled:
+            outcome = disabled_outcome(check, ctx, disabled[check.name])
+        else:
+            outcome = run_check(check, ctx, bootstrap=bootstrap)
         outcomes.append(outcome)
         if ctx.store is not None:
             try:

@@ -15,9 +15,11 @@ Guarantees (tests hold the store to each):
    ``port_down_total_s``) only go up: they live in their own tables, are incremented in the same
    transaction as the row they count, and pruning history never touches them.
 4. A file that is not a readable gpu-monitor database raises ``StoreCorruptError`` naming the
-   file and the recovery procedure; a file written by a newer gpu-monitor raises
-   ``StoreVersionError`` and is left untouched (never downgraded). Callers see ``StoreError``
-   subclasses, never ``sqlite3`` exceptions.
+   file and the recovery command (``RECOVER_COMMAND``); a file written by a newer gpu-monitor
+   raises ``StoreVersionError``. Either is left exactly as it was, WAL included: an existing
+   file is judged through a read-only connection first, which never checkpoints (the
+   recovery itself is state_recovery.py). Callers see ``StoreError`` subclasses, never
+   ``sqlite3`` exceptions.
 5. Safe to share between threads: one connection, every use under one re-entrant lock.
 
 Times are stored as integer microseconds since the Unix epoch (UTC): exact, and ordered
@@ -34,6 +36,7 @@ import logging
 import os
 import sqlite3
 import threading
+import urllib.parse
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -51,6 +54,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "APPLICATION_ID",
+    "CORRUPT_CAUSES",
     "LATEST_VERSION",
     "MIGRATIONS",
     "NODE_STATES",
@@ -59,6 +63,7 @@ __all__ = [
     "Migration",
     "NodeState",
     "NodeStateChange",
+    "RECOVER_COMMAND",
     "RunInfo",
     "Store",
     "StoreCorruptError",
@@ -87,6 +92,11 @@ class StoreError(Exception):
     """The state store cannot do what was asked; the message is meant for an operator."""
 
 
+# The one command that moves a damaged file aside (gpu_monitor/state_cli.py); every message and
+# docs/state.md name it exactly, and a test parses it with the real argument parser.
+RECOVER_COMMAND = "gpu-monitor state recover"
+
+
 class StoreVersionError(StoreError):
     """The file was written by a newer gpu-monitor (a higher schema version)."""
 
@@ -96,24 +106,48 @@ class StoreVersionError(StoreError):
         self.supported = supported
         super().__init__(
             f"state file {path} has schema version {found}, newer than the {supported} this "
-            f"gpu-monitor understands: it was written by a newer release. Run that release, or "
-            f"stop the daemon and move {path} aside to start with an empty history; the file "
-            f"is never downgraded in place."
+            f"gpu-monitor understands: it was written by a newer release. Run that release "
+            f"again; `{RECOVER_COMMAND}` refuses to move it aside, because starting empty "
+            f"here would be a downgrade that drops the newer release's history. The file is "
+            f"never downgraded in place; to start empty anyway, stop the daemon and move "
+            f"{path} (with its -wal and -shm) aside by hand."
         )
+
+
+# What kind of trouble a StoreCorruptError is; recovery moves only the first two aside.
+CORRUPT_CAUSES = ("damaged", "not-a-file", "access")
 
 
 class StoreCorruptError(StoreError):
-    """The file is damaged, unreadable, or not a gpu-monitor database at all."""
+    """The file is damaged, unreadable, or not a gpu-monitor database at all.
 
-    def __init__(self, path: str, detail: str):
+    ``cause``: ``damaged`` (its bytes are not a sound gpu-monitor database), ``not-a-file``
+    (a directory or special file at the path) or ``access`` (gpu-monitor may not read and
+    write it: the file itself may be intact, so recovery leaves it alone).
+    """
+
+    def __init__(self, path: str, detail: str, cause: str = "damaged"):
+        if cause not in CORRUPT_CAUSES:
+            raise ValueError(f"cause must be one of {CORRUPT_CAUSES}, got {cause!r}")
         self.path = path
         self.detail = detail
-        super().__init__(
-            f"state file {path} is corrupt or unreadable: {detail}. Recovery: stop the daemon, "
-            f"move {path} aside to {path}.corrupt-<timestamp> (`gpu-monitor --state-recover` "
-            f"does this), restart: gpu-monitor starts with an empty history; quarantine state "
-            f"is re-read from the node's labels."
-        )
+        self.cause = cause
+        if cause == "access":
+            advice = (
+                f"The file may be intact: give gpu-monitor read and write access to it and to "
+                f"its directory (ownership, mode, a read-only mount) and no history is lost; "
+                f"`{RECOVER_COMMAND}` does not move a file it cannot read."
+            )
+        else:
+            advice = (
+                f"Recovery: stop the daemon and run `{RECOVER_COMMAND} --state {path}`: it "
+                f"moves {path} (with its -wal and -shm) aside to {path}.corrupt-<timestamp>, "
+                f"deleting nothing, and creates an empty store; gpu-monitor then starts with "
+                f"an empty history, and quarantine state is re-read from the node's labels. "
+                f"The long-running daemon does this itself at start while "
+                f"daemon.recover_corrupt_state is true (the default)."
+            )
+        super().__init__(f"state file {path} is corrupt or unreadable: {detail}. {advice}")
 
 
 # SQLite primary result codes (sqlite3.h); ``sqlite_errorcode`` exists from Python 3.11.
@@ -150,7 +184,8 @@ def _classify(exc: sqlite3.Error, path: str, opening: bool) -> StoreError:
     if code in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
         return StoreCorruptError(path, str(exc))
     if opening and code in (_SQLITE_CANTOPEN, _SQLITE_PERM, _SQLITE_IOERR, _SQLITE_READONLY):
-        return StoreCorruptError(path, f"cannot be opened for reading and writing ({exc})")
+        return StoreCorruptError(path, f"cannot be opened for reading and writing ({exc})",
+                                 cause="access")
     if code in (_SQLITE_BUSY, _SQLITE_LOCKED):
         return StoreError(
             f"state file {path} stayed locked by another process ({exc}); is a second "
@@ -543,10 +578,10 @@ def _precheck_file(path: str) -> None:
     except OSError as exc:
         raise StoreError(f"cannot create the state directory {parent}: {exc.strerror}") from exc
     if os.path.isdir(path):
-        raise StoreCorruptError(path, "it is a directory, not a database file")
+        raise StoreCorruptError(path, "it is a directory, not a database file", "not-a-file")
     if os.path.exists(path):
         if not os.path.isfile(path):
-            raise StoreCorruptError(path, "it is not a regular file")
+            raise StoreCorruptError(path, "it is not a regular file", "not-a-file")
         # Try it rather than os.access: that answers for the real uid, and knows nothing of
         # read-only mounts.
         try:
@@ -556,7 +591,7 @@ def _precheck_file(path: str) -> None:
                 detail = "permission denied: gpu-monitor cannot read and write it"
             else:
                 detail = f"cannot be opened for reading and writing: {exc.strerror}"
-            raise StoreCorruptError(path, detail) from exc
+            raise StoreCorruptError(path, detail, "access") from exc
     effective = os.access in os.supports_effective_ids
     if not os.access(parent, os.W_OK | os.X_OK, effective_ids=effective):
         raise StoreError(
@@ -591,8 +626,12 @@ class Store:
             raise ValueError(f"integrity must be quick, full or off, got {integrity!r}")
         path = os.fspath(path)
         memory = path == ":memory:"
+        supported = migrations[-1].version if migrations else 0
         if not memory:
             _precheck_file(path)
+            if os.path.isfile(path) and cls._judge_read_only(
+                    path, busy_timeout_s, integrity, supported) is not None:
+                integrity = "off"  # judged already; the writer need not scan it again
         try:
             conn = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None,
                                    check_same_thread=False)
@@ -608,7 +647,6 @@ class Store:
                 if problems:
                     raise StoreCorruptError(path, "integrity check failed: " + "; ".join(problems))
             version = conn.execute("PRAGMA user_version").fetchone()[0]
-            supported = migrations[-1].version if migrations else 0
             if version > supported:
                 # Before anything writes to the file (journal mode included).
                 raise StoreVersionError(path, version, supported)
@@ -631,6 +669,73 @@ class Store:
                 raise _classify(exc, path, opening=True) from exc
             raise
         return cls(conn, path, clock or Clock())
+
+    @classmethod
+    def _judge_read_only(cls, path: str, busy_timeout_s: float, integrity: str,
+                         supported: int) -> int | None:
+        """Judge an existing file through a read-only connection first (guarantee 4).
+
+        A read-write connection that is the last to close checkpoints the WAL into the main
+        file and deletes the WAL. Closing one after it found damage would write into the
+        damaged file and remove the companion holding its newest committed data, before
+        anyone could move the two aside. A read-only connection reads the WAL but never
+        checkpoints, so the damage is found while both files are as they were.
+
+        Raises ``StoreCorruptError`` / ``StoreVersionError``; returns the schema version when
+        the file is sound, None when a read-only connection cannot judge it (a hot rollback
+        journal, a WAL that needs a writer to recover): the read-write open then decides.
+        """
+        uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
+        try:
+            conn = sqlite3.connect(uri, uri=True, timeout=busy_timeout_s, isolation_level=None,
+                                   check_same_thread=False)
+        except sqlite3.Error:
+            return None
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+            conn.execute("PRAGMA schema_version").fetchone()
+            cls._check_identity(conn, path)
+            if integrity != "off":
+                problems = cls._integrity(conn, full=integrity == "full")
+                if problems:
+                    raise StoreCorruptError(path, "integrity check failed: " + "; ".join(problems))
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > supported:
+                raise StoreVersionError(path, version, supported)
+            return int(version)
+        except sqlite3.Error as exc:
+            if _primary_code(exc) in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
+                raise StoreCorruptError(path, str(exc)) from exc
+            return None
+        finally:
+            conn.close()
+
+    @classmethod
+    def check_file(cls, path: str | os.PathLike[str], *, integrity: str = "full",
+                   busy_timeout_s: float = 5.0,
+                   migrations: Sequence[Migration] = MIGRATIONS) -> int | None:
+        """Judge the file at ``path`` as ``open`` would, without creating, migrating or
+        writing it: its schema version (0: empty), or None when there is no file.
+
+        Raises what ``open`` raises (``StoreCorruptError``, ``StoreVersionError``), and
+        ``StoreError`` when only a writer could judge it (an interrupted transaction).
+        """
+        if integrity not in ("quick", "full", "off"):
+            raise ValueError(f"integrity must be quick, full or off, got {integrity!r}")
+        path = os.fspath(path)
+        if path == ":memory:":
+            raise StoreError("an in-memory store has no file to check")
+        if not os.path.lexists(path):
+            return None
+        _precheck_file(path)
+        supported = migrations[-1].version if migrations else 0
+        version = cls._judge_read_only(path, busy_timeout_s, integrity, supported)
+        if version is None:
+            raise StoreError(
+                f"state file {path} cannot be judged without writing to it: an interrupted "
+                f"transaction or its WAL waits for a writer to roll it back; the daemon's next "
+                f"start (or `{RECOVER_COMMAND}`) opens it read-write and finishes that")
+        return version
 
     @staticmethod
     def _check_identity(conn: sqlite3.Connection, path: str) -> None:
@@ -723,7 +828,7 @@ class Store:
                     os.rename(path + suffix, target + suffix)
         except OSError as exc:
             raise StoreError(f"cannot move {path} aside to {target}: {exc.strerror}") from exc
-        log.warning("state %s moved aside to %s", path, target)
+        log.info("state %s moved aside to %s", path, target)
         return target
 
     # --- transactions ------------------------------------------------------------------------

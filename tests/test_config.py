@@ -9,17 +9,21 @@ import socket
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpu_monitor.check import Context
 from gpu_monitor.config import (
+    CONFIG_SCHEMA,
     DEFAULT_CONFIG,
     Config,
     ConfigError,
     config_keys,
     load_config,
+    parse_config,
 )
 from gpu_monitor.hw.paths import DEFAULT_REBOOT_SENTINEL
-from gpu_monitor.profiles import load_profile
+from gpu_monitor.profiles import UndeclaredSetting, load_profile
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs" / "configuration.md"
@@ -153,7 +157,9 @@ def test_check_setting_reads_the_checks_block_and_the_nccl_fallback(tmp_path):
                         "nccl: {ib_timeout: 20, ib_retry_cnt: 3}\n")
     assert c.check_setting("burn_in", "duration_s") == 30
     assert c.check_setting("burn_in", "dtypes") is None
-    assert c.check_setting("xid", "duration_s") is None
+    assert c.check_setting("xid", "app_xid_window_s") is None
+    with pytest.raises(UndeclaredSetting):
+        c.check_setting("xid", "duration_s")  # not an xid setting
     assert c.check_setting("rdma_ports", "nccl_ib_timeout") == 20  # top-level nccl
     assert c.check_setting("rdma_ports", "nccl_ib_retry_cnt") == 6  # the check's own wins
     assert DEFAULT_CONFIG.check_setting("rdma_ports", "nccl_ib_timeout") is None
@@ -168,7 +174,9 @@ def test_context_setting_takes_config_over_profile_over_default(tmp_path):
     assert ctx.setting("nccl_allreduce", "allreduce_busbw_floor_gb_per_s") == 400  # config
     assert ctx.setting("nvlink_peer", "p2p_floor_gb_per_s") == 335  # profile section
     assert ctx.setting("rdma_ports", "nccl_ib_timeout") == 18  # profile (config nccl unset)
-    assert ctx.setting("burn_in", "no_such_key", 42) == 42  # default
+    assert ctx.setting("inventory", "boot_grace_s", 42) == 42  # default
+    with pytest.raises(UndeclaredSetting):
+        ctx.setting("burn_in", "no_such_key", 42)  # never a silent default
 
 
 @pytest.mark.parametrize(("text", "name", "want"), [
@@ -211,9 +219,19 @@ def test_unknown_check_names_pass_loading_and_fail_validation(tmp_path):
     assert isinstance(err.value, ValueError)  # the CLI turns ValueError into exit 2
 
 
-def test_unknown_settings_of_a_known_check_are_passed_through_unless_a_typo(tmp_path):
-    c = _load(tmp_path, "checks: {burn_in: {progress_bar: false}}\n")
-    assert c.check_setting("burn_in", "progress_bar") is False
+def test_undeclared_settings_of_a_known_check_are_refused(tmp_path):
+    """A key the check does not declare would be read by nothing, or read untyped."""
+    err = _error(tmp_path, "checks: {burn_in: {progress_bar: false}}\n")
+    problems = dict(err.problems)
+    assert "unknown key 'progress_bar'" in problems["checks.burn_in.progress_bar"]
+    assert "duration_s" in problems["checks.burn_in.progress_bar"]  # lists what is declared
+
+
+def test_the_issues_check_setting_is_refused_at_load(tmp_path):
+    """``boot_grace_s: soon`` was accepted and then crashed pcie_aer on float('soon')."""
+    err = _error(tmp_path, "checks: {pcie_aer: {boot_grace_s: soon}}\n")
+    assert err.field == "checks.pcie_aer.boot_grace_s"
+    assert "got 'soon'" in str(err)
 
 
 # --- the profile ---------------------------------------------------------------------------------
@@ -347,3 +365,106 @@ def test_missing_file_and_directory_are_config_errors(tmp_path):
 def test_all_problems_are_reported_together(tmp_path):
     err = _error(tmp_path, "log_level: loud\nexpected_gpus: x\nremediation: {dryrun: 1}\n")
     assert {p for p, _ in err.problems} == {"log_level", "expected_gpus", "remediation.dryrun"}
+
+
+def test_disabled_by_names_the_field_that_disables_a_check(tmp_path):
+    c = _load(tmp_path, "disabled_checks: [xid, temperature]\nchecks:\n  pcie: {enabled: false}\n")
+    assert c.disabled_by("temperature") == "disabled_checks[1]"
+    assert c.disabled_by("pcie") == "checks.pcie.enabled: false"
+    assert c.disabled_by("burn_in") == ""
+    only = _load(tmp_path, "enabled_checks: [inventory]\n")
+    assert only.disabled_by("burn_in") == "not in enabled_checks"
+    assert only.disabled_by("inventory") == ""
+    for name in ("xid", "temperature", "pcie", "burn_in"):
+        assert bool(c.disabled_by(name)) == (not c.check_enabled(name))
+
+
+@pytest.mark.parametrize(("body", "words"), [
+    (b"profile: auto\nnode_name: n\xe9ud\n", "not UTF-8 text: invalid continuation byte at byte "
+                                            "26 (line 2)"),
+    (b"a: " + b"[" * 3000 + b"]" * 3000, "nested deeper than"),
+    (b"#" * (2 << 20), "larger than"),
+], ids=["latin1", "deep", "too-large"])
+def test_file_level_problems_are_config_errors_naming_the_file(tmp_path, body, words):
+    path = tmp_path / "config.yaml"
+    path.write_bytes(body)
+    with pytest.raises(ConfigError, match=re.escape(words)) as err:
+        load_config(str(path), env={})
+    assert str(err.value).startswith(f"config {path}: ")
+
+
+def test_a_plugin_block_is_free_form_but_its_common_keys_are_typed(tmp_path):
+    c = _load(tmp_path, "checks: {vendor_plugin: {threshold: [1, 2], interval_s: 5}}\n")
+    assert c.checks["vendor_plugin"]["threshold"] == (1, 2)
+    err = _error(tmp_path, "checks: {vendor_plugin: {interval_s: .inf}}\n")
+    assert err.field == "checks.vendor_plugin.interval_s"
+
+
+def test_section_keys_a_check_block_may_override_are_typed(tmp_path):
+    c = _load(tmp_path, "checks: {pcie_aer: {gen: 5}}\n")
+    assert c.check_setting("pcie_aer", "gen") == 5
+    err = _error(tmp_path, "checks: {pcie_aer: {gen: 9}}\n")
+    assert err.field == "checks.pcie_aer.gen"
+    err = _error(tmp_path, "checks: {pcie_aer: {links_per_gpu: 18}}\n")  # not pcie_aer's
+    assert err.field == "checks.pcie_aer.links_per_gpu"
+
+
+# --- property: nothing but ConfigError escapes loading ---------------------------------------------
+
+_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(),
+                     st.text(max_size=8), st.sampled_from(["auto", "json", "xid", "0.0.0.0:1"]))
+_VALUES = st.recursive(_SCALARS, lambda inner: st.one_of(
+    st.lists(inner, max_size=4),
+    st.dictionaries(st.one_of(st.text(max_size=10), st.sampled_from(
+        ["enabled", "interval_s", "dry_run", "breaker", "ports", "rdma", "xid", "burn_in"])),
+        inner, max_size=4)),
+    max_leaves=20)
+_TOP = st.sampled_from([*CONFIG_SCHEMA.fields, "zz"])
+
+
+@settings(deadline=None, derandomize=True, max_examples=300)
+@given(st.dictionaries(_TOP, _VALUES, max_size=6))
+def test_parse_config_raises_only_config_errors(data):
+    try:
+        config = parse_config(data, "c.yaml", env={})
+    except ConfigError:
+        return
+    try:  # a config that loads also applies (or is refused as a ConfigError)
+        config.apply_to(load_profile("h100-sxm-8"))
+    except ConfigError:
+        pass
+
+
+@settings(deadline=None, derandomize=True, max_examples=150)
+@given(st.binary(max_size=200))
+def test_load_config_raises_only_config_errors_on_any_bytes(data):
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "c.yaml"
+        path.write_bytes(data)
+        try:
+            load_config(str(path), env={})
+        except ConfigError:
+            pass
+
+
+def test_remediation_overrides_in_a_check_block_are_typed(tmp_path):
+    c = _load(tmp_path, "checks: {xid: {remediation: {Xid79: Drain, Xid94: ignore}},"
+                        " throttle: {remediation: event}, vendor_plugin: {remediation: cordon}}\n")
+    assert dict(c.checks["xid"]["remediation"]) == {"Xid79": "drain", "Xid94": "ignore"}
+    assert c.checks["throttle"]["remediation"] == "event"
+    for text, field in [("checks: {xid: {remediation: nuke}}", "checks.xid.remediation"),
+                        ("checks: {xid: {remediation: {Xid79: nuke}}}",
+                         "checks.xid.remediation.Xid79"),
+                        ("checks: {xid: {remediation: [drain]}}", "checks.xid.remediation"),
+                        ("checks: {vendor_plugin: {remediation: 3}}",
+                         "checks.vendor_plugin.remediation")]:
+        assert _error(tmp_path, text + "\n").field == field, text
+
+
+def test_the_remediation_operations_are_the_policys():
+    from gpu_monitor.config import REMEDIATION_OPS
+    from gpu_monitor.remediate.policy import IGNORE, Op
+
+    assert set(REMEDIATION_OPS) == {o.value for o in Op} | {IGNORE}

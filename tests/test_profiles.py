@@ -12,17 +12,35 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpu_monitor.profiles import (
     CHECK_SETTINGS,
     COMMON_CHECK_KEYS,
     KNOWN_CHECKS,
+    MAX_DEPTH,
+    MAX_FILE_BYTES,
+    MAX_NODES,
+    MAX_SECONDS,
+    PROFILE_SCHEMA,
+    SECONDS,
+    SECONDS0,
+    Int,
+    Num,
     Profile,
     ProfileError,
+    SchemaError,
+    UndeclaredSetting,
+    _validate_profile,
+    declared_settings,
     list_profiles,
     load_profile,
     match_profile,
     profile_keys,
+    read_text,
+    read_yaml,
+    validate,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -233,9 +251,18 @@ def test_check_setting_looks_in_the_check_block_then_its_sections_then_warning_b
     assert p.check_setting("dcgm_diag", "level") == 2
     assert p.check_setting("rdma_loopback", "warning_band") == 0.02  # per-check band
     assert p.check_setting("pcie", "warning_band") == 0.05  # profile-wide band
-    assert p.check_setting("burn_in", "no_such_key") is None
-    assert p.check_setting("xid", "links_per_gpu") is None  # xid is not judged on nvlink
-    assert p.check_setting("unknown_check", "duration_s") is None
+    assert p.check_setting("inventory", "boot_grace_s") is None  # declared, set nowhere
+    assert p.check_setting("unknown_check", "duration_s") is None  # a plugin's: free-form
+
+
+@pytest.mark.parametrize(("check", "key"), [
+    ("burn_in", "no_such_key"),
+    ("xid", "links_per_gpu"),  # xid is not judged on nvlink: not its setting
+    ("pcie_aer", "boot_grace"),
+], ids=["unknown-key", "another-sections-key", "typo"])
+def test_check_setting_refuses_a_key_the_check_does_not_declare(check, key):
+    with pytest.raises(UndeclaredSetting, match=f"{check!r} reads setting {key!r}"):
+        load_profile("h100-sxm-8").check_setting(check, key)
 
 
 def test_with_overrides_deep_merges_into_a_new_validated_profile():
@@ -461,3 +488,201 @@ def test_profile_is_constructible_from_plain_data_for_tests():
     assert p.expected_gpus == 2
     with pytest.raises(TypeError):
         p.data["gpu"]["count"] = 3  # type: ignore[index]
+
+
+# --- reading the file: the shared reader and YAML loader -----------------------------------------
+
+
+def _read_error(tmp_path: Path, body: str | bytes) -> ProfileError:
+    path = tmp_path / "p.yaml"
+    path.write_bytes(body if isinstance(body, bytes) else body.encode())
+    with pytest.raises(ProfileError) as err:
+        load_profile(str(path))
+    assert str(err.value).startswith(f"profile {path}: ")
+    return err.value
+
+
+def test_read_text_refuses_what_is_not_a_small_utf8_file(tmp_path):
+    with pytest.raises(SchemaError, match="file not found"):
+        read_text(tmp_path / "nope.yaml", "f")
+    with pytest.raises(SchemaError, match="is a directory, not a file"):
+        read_text(tmp_path, "f")
+    big = tmp_path / "big.yaml"
+    big.write_bytes(b"#" * (MAX_FILE_BYTES + 1))
+    with pytest.raises(SchemaError, match=f"larger than {MAX_FILE_BYTES} bytes"):
+        read_text(big, "f")
+    ok = tmp_path / "ok.yaml"
+    ok.write_bytes(b"#" * MAX_FILE_BYTES)  # exactly at the bound: read
+    assert len(read_text(ok, "f")) == MAX_FILE_BYTES
+
+
+def test_a_profile_that_is_not_utf8_names_the_byte_and_line(tmp_path):
+    """The issue's case: this was a UnicodeDecodeError traceback."""
+    err = _read_error(tmp_path, "schema: 1\nname: caf\xe9\n".encode("latin-1"))
+    assert "not UTF-8 text: invalid continuation byte at byte 19 (line 2)" in str(err)
+    assert err.line == 2
+
+
+def _nest(levels: int) -> str:
+    return "a: " + "[" * (levels - 1) + "]" * (levels - 1) + "\n"
+
+
+def test_nesting_up_to_the_bound_parses_and_beyond_it_is_refused():
+    """The issue's case: deep nesting was a RecursionError. ``a: [[...]]`` with n - 1
+    brackets is n levels (the top mapping is one)."""
+    assert read_yaml(_nest(MAX_DEPTH), "f") is not None
+    with pytest.raises(SchemaError, match=f"nested deeper than {MAX_DEPTH} levels") as err:
+        read_yaml(_nest(MAX_DEPTH + 1), "f")
+    assert err.value.field == "a" + "[0]" * (MAX_DEPTH - 1)
+    with pytest.raises(SchemaError, match="nested deeper"):
+        read_yaml(_nest(20_000), "f")
+
+
+def _bomb(levels: int, width: int = 10) -> str:
+    lines = [f"l0: &l0 [{', '.join(['x'] * width)}]"]
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * width)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def test_aliases_are_fine_until_they_expand_past_the_bound():
+    data = read_yaml(_bomb(4), "f")  # l3 expands to 10^4 values: fine
+    assert len(data["l3"]) == 10 and len(data["l3"][0][0]) == 10
+    with pytest.raises(SchemaError, match="alias bomb") as err:
+        read_yaml(_bomb(9), "f")  # "billion laughs": 10^9 values from 9 lines
+    assert err.value.field == "l4"  # the first anchor past MAX_NODES
+    assert MAX_NODES < 10**5 * 1.2
+
+
+def test_an_alias_deeper_than_the_bound_through_a_chain_is_refused():
+    text = "a0: &a0 [1]\n" + "".join(f"a{i}: &a{i} [*a{i - 1}]\n"
+                                     for i in range(1, MAX_DEPTH + 2))
+    with pytest.raises(SchemaError, match="with aliases expanded"):
+        read_yaml(text, "f")
+
+
+@pytest.mark.parametrize("text", ["a: &a [1, *a]\n", "a: &a {b: *a}\n", "a: &a {<<: *a}\n"],
+                         ids=["sequence", "mapping", "merge-key"])
+def test_a_recursive_alias_is_refused(text):
+    with pytest.raises(SchemaError, match="recursive alias") as err:
+        read_yaml(text, "f")
+    assert err.value.field == "a"
+
+
+@pytest.mark.parametrize(("text", "field", "words"), [
+    ("gpu:\n  count: !!int eight\n", "gpu.count", "cannot read the value 'eight'"),
+    ("when: 2024-13-45\n", "when", "month must be in 1..12"),
+    (f"n: {'9' * 5000}\n", "n", "an integer of 5000 digits is out of range"),
+    ("rdma:\n  ports: [a, !!float x]\n", "rdma.ports[1]", "cannot read the value 'x'"),
+    ("a: 1\nb:\n  c: 1\n  c: 2\n", "b.c", "duplicate key 'c' (first at line 3)"),
+], ids=["bad-int-tag", "impossible-date", "huge-int", "in-a-list", "duplicate-key"])
+def test_values_yaml_cannot_build_name_their_field_and_line(text, field, words):
+    with pytest.raises(SchemaError) as err:
+        read_yaml(text, "f")
+    assert err.value.field == field
+    assert words in str(err.value)
+    assert err.value.line is not None
+
+
+def test_only_a_document_refused_for_its_size_says_refused():
+    with pytest.raises(SchemaError, match="YAML refused at line"):
+        read_yaml(_bomb(9), "f")
+    with pytest.raises(SchemaError, match="malformed YAML at line 2"):
+        read_yaml("a: 1\n\tb: 2\n", "f")
+
+
+# --- the value domains ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("spec", "value", "ok"), [
+    (Int(0), 2**63 - 1, True),
+    (Int(0), 2**63, False),
+    (Int(), -(2**63), False),
+    (Int(0), True, False),
+    (Num(0), 2**63, False),
+    (Num(0), float("nan"), False),
+    (Num(0), float("inf"), False),
+    (Num(0), False, False),
+    (SECONDS, MAX_SECONDS, True),
+    (SECONDS, MAX_SECONDS + 1, False),
+    (SECONDS, 0, False),
+    (SECONDS0, 0, True),
+    (SECONDS0, -1, False),
+    (SECONDS, "30", False),
+], ids=["int64-max", "past-int64", "past-int64-negative", "bool-as-int", "num-past-int64",
+        "nan", "inf", "bool-as-num", "seconds-at-max", "seconds-past-max", "seconds-zero",
+        "seconds0-zero", "seconds0-negative", "seconds-as-string"])
+def test_number_domains(spec, value, ok):
+    _, problems = validate(spec, value, path="x")
+    assert (not problems) is ok, problems
+
+
+def test_declared_settings_are_the_common_own_and_section_keys():
+    d = declared_settings("pcie_aer")
+    assert d is not None
+    assert set(COMMON_CHECK_KEYS) <= set(d)
+    assert {"window_s", "correctable_per_min_degraded", "boot_grace_s"} <= set(d)  # own
+    assert {"gen", "width", "h2d_floor_gb_per_s"} <= set(d)  # the pcie section
+    assert "links_per_gpu" not in d  # not judged on nvlink
+    assert declared_settings("vendor_plugin") is None
+    fabric = declared_settings("fabric_probe")
+    assert fabric["small_p95_latency_limit_s"] is PROFILE_SCHEMA.fields["fabric"].fields[
+        "small_p95_latency_limit_s"]  # fabric before nccl, as check_setting looks
+
+
+def test_the_issues_profile_check_setting_is_typed(tmp_path):
+    data = _shipped_dict("h100-sxm-8")
+    data["checks"]["pcie_aer"]["boot_grace_s"] = "soon"
+    with pytest.raises(ProfileError) as err:
+        load_profile(str(_write(tmp_path, data)))
+    assert err.value.field == "checks.pcie_aer.boot_grace_s"
+
+
+# --- property: nothing but ProfileError escapes the loader ---------------------------------------
+
+# Fragments of YAML that reach every part of the loader: structure, anchors and aliases, merge
+# keys, explicit tags, timestamps, special floats, directives, control characters.
+_FRAGMENTS = ["a", "b", ": ", ":", " ", "  ", "\n", "- ", "[", "]", "{", "}", ", ", "? ",
+              "&x ", "*x", "&y ", "*y", "<<: ", "!!int ", "!!float ", "!!bool ", "!!binary ",
+              "!!timestamp ", "!!set ", "!!python/name:os.system ", "!local ", "2019-19-19",
+              "2024-02-30", "12:30:61", "0x", "0o9", "1_0", "9" * 5000, ".nan", ".inf", "1e999",
+              "yes", "~", "'", '"', "\t", "#", "|", ">", "%YAML 1.1\n", "%TAG ! x\n", "---\n",
+              "...\n", "@", "`", "\x00", "\x85", "\ufeff", "\\"]
+_YAMLISH = st.lists(st.sampled_from(_FRAGMENTS), max_size=30).map("".join)
+
+
+@settings(deadline=None, derandomize=True, max_examples=300)
+@given(_YAMLISH)
+def test_read_yaml_raises_only_schema_errors(text):
+    try:
+        read_yaml(text, "f")
+    except SchemaError:
+        pass
+
+
+@settings(deadline=None, derandomize=True, max_examples=150)
+@given(st.binary(max_size=200))
+def test_load_profile_raises_only_profile_errors_on_any_bytes(data):
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "p.yaml"
+        path.write_bytes(data)
+        try:
+            load_profile(str(path))
+        except ProfileError:
+            pass
+
+
+_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=8))
+_VALUES = st.recursive(_SCALARS, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=12), inner, max_size=4)),
+    max_leaves=20)
+
+
+@settings(deadline=None, derandomize=True, max_examples=200)
+@given(st.dictionaries(st.sampled_from([*PROFILE_SCHEMA.fields, "zz"]), _VALUES, max_size=6))
+def test_profile_validation_raises_only_profile_errors(data):
+    try:
+        Profile(_validate_profile(data, "p"))
+    except ProfileError:
+        pass

@@ -115,7 +115,10 @@ def test_sigkill_during_continuous_writes_loses_no_acknowledged_write(tmp_path):
             if acked >= 150:
                 proc.send_signal(signal.SIGKILL)
                 break
-        rest, err = proc.communicate(timeout=60)
+        proc.wait(timeout=60)
+        # Not communicate(): it reads the pipes' descriptors directly and would drop the lines
+        # proc.stdout has already buffered, acknowledged writes the test would then miss.
+        rest, err = proc.stdout.read(), proc.stderr.read()
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -37,7 +37,15 @@ Contract (what callers may rely on):
 6. Times: ``monotonic_s`` is seconds since boot. ``wallclock`` is UTC-aware. ``dmesg -T``
    prints the reading host's *local* time without a zone; we take it as UTC (DaemonSet
    containers run in UTC). Syslog ``Mon DD HH:MM:SS`` stamps carry no year, so they give no
-   ``wallclock``. Journal offsets like ``+0800`` are converted to UTC.
+   ``wallclock``. Journal offsets like ``+0800`` are converted to UTC. A stamp whose value is
+   impossible (month 13, Feb 30, hour 24, an offset of 24 h or more, a monotonic stamp too big
+   for a float) or whose wall time falls outside [:data:`WALLCLOCK_MIN`,
+   :data:`WALLCLOCK_MAX`) gives *no* time (None) but keeps the line's shape and message, so
+   the event on the line is still found.
+7. One-shot reads (:func:`iter_file`, :func:`open_log_file`) open without blocking: a FIFO
+   with no writer neither hangs the open nor the read; it is read until its writers close it
+   or nothing arrives for :data:`FIFO_IDLE_S`. Only regular files and FIFOs are logs here; a
+   directory or a device raises ``OSError`` naming the path.
 
 Sources are single-consumer objects (no locking); nothing here spells a host path -- the
 default comes from :attr:`HostPaths.kmsg_path`.
@@ -46,8 +54,11 @@ default comes from :attr:`HostPaths.kmsg_path`.
 from __future__ import annotations
 
 import errno
+import io
+import math
 import os
 import re
+import select
 import stat
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -65,6 +76,8 @@ MAX_LINE_BYTES = 64 * 1024
 KMSG_READ_BUFFER = 16 * 1024
 # Bytes per read() when following a text file or FIFO.
 FILE_READ_CHUNK = 64 * 1024
+# A one-shot read of a FIFO ends when nothing (no writer, no data) arrives for this long.
+FIFO_IDLE_S = 1.0
 
 FORMAT_KMSG = "kmsg"
 FORMAT_DMESG = "dmesg"
@@ -191,35 +204,63 @@ _LEVELS = {
     "emerg": 0, "alert": 1, "crit": 2, "err": 3, "warn": 4, "notice": 5, "info": 6, "debug": 7,
 }  # fmt: skip
 _UTC = timezone.utc
+# Wall times a kernel log can honestly carry. A Linux clock starts at the Unix epoch, and event
+# windows (days) are added to and subtracted from these times downstream: a stamp at the edge
+# of the calendar (0001-01-01 with a positive offset, 9999-12-31) must not overflow there.
+WALLCLOCK_MIN = datetime(1970, 1, 1, tzinfo=_UTC)
+WALLCLOCK_MAX = datetime(9000, 1, 1, tzinfo=_UTC)
 
 
 @lru_cache(maxsize=64)
-def _tz(token: str | None) -> timezone:
-    """``Z``, ``+00:00``, ``+0800``, ``-05:00`` as a timezone; none printed is taken as UTC."""
+def _tz(token: str | None) -> timezone | None:
+    """``Z``, ``+00:00``, ``+0800``, ``-05:00`` as a timezone; none printed is taken as UTC.
+
+    None for an offset no zone has (24 h or more, minutes past 59): such a stamp has no time.
+    """
     if token is None or token == "Z":
         return _UTC
+    hours, minutes = int(token[1:3]), int(token[-2:])
+    if hours > 23 or minutes > 59:
+        return None
     sign = -1 if token[0] == "-" else 1
-    offset = sign * timedelta(hours=int(token[1:3]), minutes=int(token[-2:]))
+    offset = sign * timedelta(hours=hours, minutes=minutes)
     return _UTC if not offset else timezone(offset)
 
 
-def _iso_datetime(m: re.Match[str]) -> datetime:
-    """UTC datetime from an _ISO_RE match; ValueError on impossible dates."""
+def _wall(y: int, mo: int, d: int, h: int, mi: int, sec: int, micro: int,
+          tz: timezone | None) -> datetime | None:
+    """The UTC wall time, or None when it is not a real time in [WALLCLOCK_MIN, WALLCLOCK_MAX).
+
+    Never raises: ``datetime`` refuses impossible fields (ValueError) and ``astimezone``
+    overflows at the ends of the calendar (OverflowError); both mean "no timestamp".
+    """
+    if tz is None:
+        return None
+    try:
+        dt = datetime(y, mo, d, h, mi, sec, micro, tzinfo=tz)
+        if tz is not _UTC:
+            dt = dt.astimezone(_UTC)
+    except (ValueError, OverflowError):
+        return None
+    return dt if WALLCLOCK_MIN <= dt < WALLCLOCK_MAX else None
+
+
+def _iso_datetime(m: re.Match[str]) -> datetime | None:
+    """UTC datetime from an _ISO_RE match; None when the stamp is not a usable time."""
     y, mo, d, h, mi, sec, frac, zone = m.groups()
     micro = int(frac[:6].ljust(6, "0")) if frac else 0
-    tz = _tz(zone)
-    dt = datetime(int(y), int(mo), int(d), int(h), int(mi), int(sec), micro, tzinfo=tz)
-    return dt if tz is _UTC else dt.astimezone(_UTC)
+    return _wall(int(y), int(mo), int(d), int(h), int(mi), int(sec), micro, _tz(zone))
 
 
-def _ctime_datetime(m: re.Match[str]) -> datetime:
-    month = _MONTHS.get(m.group(1))
-    if month is None:
-        raise ValueError("not a month")
-    return datetime(
-        int(m.group(6)), month, int(m.group(2)),
-        int(m.group(3)), int(m.group(4)), int(m.group(5)), tzinfo=_UTC,
-    )  # fmt: skip
+def _ctime_datetime(m: re.Match[str], month: int) -> datetime | None:
+    return _wall(int(m.group(6)), month, int(m.group(2)), int(m.group(3)), int(m.group(4)),
+                 int(m.group(5)), 0, _UTC)
+
+
+def _seconds(text: str) -> float | None:
+    """A ``[mono]`` stamp as seconds; None when too big to be one (``float`` gives inf)."""
+    value = float(text)
+    return value if math.isfinite(value) else None
 
 
 def _unescape_kmsg(text: str) -> str:
@@ -310,7 +351,7 @@ def _with_mono(rest: str) -> tuple[float | None, str]:
     if rest.startswith("["):
         m = _MONO_RE.match(rest)
         if m is not None:
-            return float(m.group(1)), rest[m.end() :]
+            return _seconds(m.group(1)), rest[m.end() :]
     return None, rest
 
 
@@ -327,14 +368,14 @@ def _parse_bracket(
             line_no=line_no,
             priority=priority,
             facility=facility,
-            monotonic_s=float(m.group(1)),
+            monotonic_s=_seconds(m.group(1)),
         )
     m = _CTIME_RE.match(line)
     if m is not None:
-        try:
-            wall = _ctime_datetime(m)
-        except ValueError:
+        month = _MONTHS.get(m.group(1))
+        if month is None:  # "[Xxx Yyy ...]" with no month name is not a dmesg -T stamp
             return None
+        wall = _ctime_datetime(m, month)
         # Some collectors print journal lines under a dmesg -T stamp:
         # "[Sun Dec  1 14:54:40 2024] hostname kernel: mlx5_core ..." -- keep the host apart.
         at, host = m.end(), None
@@ -360,10 +401,7 @@ def _parse_iso(
     m = _ISO_RE.match(line, start)
     if m is None:
         return None
-    try:
-        wall = _iso_datetime(m)
-    except ValueError:
-        return None
+    wall = _iso_datetime(m)
     rest_at = m.end()
     if start:  # after a --decode prefix: always dmesg
         fmt, host = FORMAT_DMESG_DECODE_ISO, None
@@ -441,7 +479,7 @@ def _parse_pstore(line: str, line_no: int) -> KmsgRecord | None:
         line_no=line_no,
         priority=pri & 7,
         facility=pri >> 3,
-        monotonic_s=float(mono) if mono is not None else None,
+        monotonic_s=_seconds(mono) if mono is not None else None,
     )
 
 
@@ -592,34 +630,117 @@ class _Assembler:
         self._cont.append(line.lstrip())
 
 
-def iter_file(path: str | os.PathLike[str]) -> Iterator[KmsgRecord]:
-    """Every record of a saved log, start to end (formats auto-detected per line).
+def open_log_file(path: str | os.PathLike[str]) -> tuple[int, bool]:
+    """Open a saved log or a FIFO for a one-shot read: ``(fd, is_fifo)``.
 
-    Malformed lines come out as ``"malformed"`` records; a last line without a newline counts.
+    ``O_NONBLOCK``, so a FIFO with no writer opens at once instead of waiting for one. Raises
+    ``OSError`` naming the path for what cannot be read (missing, dangling symlink, no
+    permission) and for what is not a log: a directory, a device, a socket.
     """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), os.fspath(path))
+        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+            raise OSError(errno.EINVAL, "not a regular file or FIFO (read the record device "
+                          "through --path.dev, not --kmsg)", os.fspath(path))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, stat.S_ISFIFO(mode)
+
+
+class _FifoRaw(io.RawIOBase):
+    """A FIFO opened ``O_NONBLOCK`` read as a finite stream.
+
+    End of stream when every writer has closed it, or when nothing arrives for ``idle_s``
+    (no writer ever came, or one stays open and silent). Linux reports end-of-file at once
+    while no writer is attached, so before data or a writer was seen we wait in ``poll``,
+    which only wakes for data or for a writer that came and went.
+    """
+
+    def __init__(self, fd: int, idle_s: float):
+        super().__init__()
+        self._fd = fd
+        self._idle_ms = max(0, int(idle_s * 1000))
+        self._writer_seen = False
+        self.timed_out = False
+
+    def readable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def readinto(self, buffer) -> int:  # type: ignore[override]
+        while True:
+            try:
+                n = os.readv(self._fd, [buffer])
+            except BlockingIOError:
+                n = -1  # a writer is attached, nothing written yet
+            if n > 0:
+                self._writer_seen = True
+                return n
+            if n == 0 and self._writer_seen:
+                return 0
+            self._writer_seen = self._writer_seen or n < 0
+            poller = select.poll()
+            poller.register(self._fd, select.POLLIN)
+            if not poller.poll(self._idle_ms):
+                self.timed_out = True
+                return 0
+            self._writer_seen = True
+
+    def close(self) -> None:
+        if not self.closed:
+            os.close(self._fd)
+        super().close()
+
+
+def log_stream(fd: int, is_fifo: bool, fifo_idle_s: float = FIFO_IDLE_S) -> io.BufferedReader:
+    """A buffered reader over a descriptor from :func:`open_log_file` (it owns the fd); for a
+    FIFO its ``raw.timed_out`` tells afterwards whether the read ended by idling."""
+    if is_fifo:
+        return io.BufferedReader(_FifoRaw(fd, fifo_idle_s), FILE_READ_CHUNK)
+    return open(fd, "rb")
+
+
+def read_records(stream: io.BufferedIOBase) -> Iterator[KmsgRecord]:
+    """Every record of a binary line stream, start to end (what :func:`iter_file` yields)."""
     asm = _Assembler()
     limit = MAX_LINE_BYTES + 1
-    with open(path, "rb") as f:
-        readline = f.readline
-        while True:
-            data = readline(limit)
-            if not data:
-                break
-            if data[-1] == 0x0A:
-                rec = asm.feed(data[:-1])
-            elif len(data) == limit:
-                rec = asm.feed_overlong(data[:MAX_LINE_BYTES])
-                while True:  # drop the rest of the over-long line
-                    more = readline(limit)
-                    if not more or more[-1] == 0x0A:
-                        break
-            else:
-                rec = asm.feed(data)
-            if rec is not None:
-                yield rec
+    readline = stream.readline
+    while True:
+        data = readline(limit)
+        if not data:
+            break
+        if data[-1] == 0x0A:
+            rec = asm.feed(data[:-1])
+        elif len(data) == limit:
+            rec = asm.feed_overlong(data[:MAX_LINE_BYTES])
+            while True:  # drop the rest of the over-long line
+                more = readline(limit)
+                if not more or more[-1] == 0x0A:
+                    break
+        else:
+            rec = asm.feed(data)
+        if rec is not None:
+            yield rec
     last = asm.take()
     if last is not None:
         yield last
+
+
+def iter_file(path: str | os.PathLike[str], *,
+              fifo_idle_s: float = FIFO_IDLE_S) -> Iterator[KmsgRecord]:
+    """Every record of a saved log, start to end (formats auto-detected per line).
+
+    Malformed lines come out as ``"malformed"`` records; a last line without a newline counts.
+    A FIFO is read until its writers close it or it stays idle for ``fifo_idle_s``.
+    """
+    with log_stream(*open_log_file(path), fifo_idle_s) as stream:
+        yield from read_records(stream)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -706,11 +827,19 @@ class KmsgDeviceSource:
         self._count = 0
         self._last_seq: int | None = None
         self._gap_pending = False
+        self._deferred: OSError | None = None
         if not replay:
             self._reader.seek_end()
 
     def read_available(self, max_records: int | None = None) -> list[KmsgRecord | KmsgGap]:
-        """Everything readable now (at most ``max_records`` records), gaps in place."""
+        """Everything readable now (at most ``max_records`` records), gaps in place.
+
+        An I/O error other than those above raises; when records were read before it in the
+        same call they are returned first and the error is raised by the next call.
+        """
+        if self._deferred is not None:
+            exc, self._deferred = self._deferred, None
+            raise exc
         out: list[KmsgRecord | KmsgGap] = []
         drained = False
         epipes = 0
@@ -735,6 +864,9 @@ class KmsgDeviceSource:
                 if e.errno == errno.EINVAL:  # a record bigger than our buffer: cannot happen
                     self.parse_errors += 1
                     self._gap(out, None, "record larger than the read buffer (EINVAL)")
+                    break
+                if out:  # keep what was read; the error comes with the next call
+                    self._deferred = e
                     break
                 raise
             epipes = 0

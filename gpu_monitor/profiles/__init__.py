@@ -16,6 +16,12 @@ Three guarantees, in order of importance:
    return a new profile.
 3. Checks never branch on "am I simulated": the ``simulation`` block carries the
    CPU-calibrated numbers and ``for_simulation()`` merges it over the profile.
+4. Every setting a check reads is declared here with its type and domain (one ``Spec`` per
+   key, ``declared_settings``), so a value that loads is a value the check can use; reading
+   an undeclared key raises ``UndeclaredSetting`` (a programming error, not a default).
+5. Reading a file never escapes as anything but ``SchemaError``: missing, a directory, not
+   UTF-8, too large (``MAX_FILE_BYTES``), malformed, nested deeper than ``MAX_DEPTH`` or, with
+   aliases expanded, larger than ``MAX_NODES`` ("billion laughs"); each names the file.
 
 The schema primitives here are shared with ``gpu_monitor.config`` (one validator, one error
 format for both files).
@@ -28,7 +34,7 @@ import functools
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from types import MappingProxyType
@@ -43,15 +49,33 @@ __all__ = [
     "PROFILE_SCHEMA",
     "Profile",
     "ProfileError",
+    "SECONDS",
+    "SECONDS0",
     "SchemaError",
+    "UndeclaredSetting",
+    "declared_settings",
     "list_profiles",
     "load_profile",
     "match_profile",
     "profile_keys",
+    "read_text",
+    "read_yaml",
+    "setting_spec",
 ]
 
 SCHEMA_VERSION = 1
 DTYPES = ("bf16", "fp16", "tf32", "fp32", "fp64")
+
+# Bounds on what a config or profile file may be. The shipped profiles are ~5 KiB, ~400 YAML
+# nodes and 5 levels deep; the bounds are far above that and far below what hurts.
+MAX_FILE_BYTES = 1 << 20
+MAX_DEPTH = 32  # nesting levels, aliases expanded
+MAX_NODES = 100_000  # YAML nodes, aliases expanded
+# Every integer setting fits a signed 64-bit value (SQLite, C APIs, struct packing).
+INT_LIMIT = 2**63 - 1
+# Every duration (a key ending in ``_s``) is at most this: far longer ones overflow
+# ``threading`` timeouts and are a unit mistake (milliseconds given as seconds) anyway.
+MAX_SECONDS = 366 * 86400
 
 
 # --- errors -------------------------------------------------------------------------------------
@@ -75,6 +99,19 @@ class SchemaError(ValueError):
 
 class ProfileError(SchemaError):
     """A profile that cannot be found, parsed or validated."""
+
+
+class UndeclaredSetting(LookupError):
+    """A check asked for a setting its declaration does not list: a programming error.
+
+    Not a ``ValueError``: no file caused it, so it must not read as a configuration error."""
+
+    def __init__(self, check: str, key: str, declared: Iterable[str]):
+        self.check, self.key = check, key
+        hint = suggest(key, declared)
+        super().__init__(f"check {check!r} reads setting {key!r}, which is not declared "
+                         f"(declare it in gpu_monitor/profiles CHECK_SETTINGS)"
+                         + (f"; did you mean {hint!r}?" if hint else ""))
 
 
 # --- schema primitives --------------------------------------------------------------------------
@@ -133,6 +170,8 @@ def _is_num(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class Int(Spec):
+    """An integer (not a bool) in [lo, hi], and always within 64 bits (``INT_LIMIT``)."""
+
     lo: int | None = None
     hi: int | None = None
 
@@ -152,17 +191,25 @@ class Int(Spec):
             return self.bad(value, path, problems)
         if (self.lo is not None and value < self.lo) or (self.hi is not None and value > self.hi):
             return self.bad(value, path, problems)
+        if abs(value) > INT_LIMIT:
+            problems.append((path, f"expected {self.describe()} within 64 bits, "
+                                   f"got {_show(value)}"))
         return value
 
 
 @dataclass(frozen=True)
 class Num(Spec):
+    """A finite number (int or float, not a bool, NaN or infinity) in the given interval."""
+
     lo: float | None = None
     hi: float | None = None
     lo_open: bool = False  # value must be > lo rather than >= lo
     hi_open: bool = False
+    what: str = ""  # the description, when the interval alone says too little
 
     def describe(self) -> str:
+        if self.what:
+            return self.what
         if self.lo is not None and self.hi is not None:
             left = "(" if self.lo_open else "["
             right = ")" if self.hi_open else "]"
@@ -174,7 +221,7 @@ class Num(Spec):
         return "a number"
 
     def check(self, value, path, problems, partial=False):
-        if not _is_num(value):
+        if not _is_num(value) or (_is_int(value) and abs(value) > INT_LIMIT):
             return self.bad(value, path, problems)
         if self.lo is not None and (value < self.lo or (self.lo_open and value == self.lo)):
             return self.bad(value, path, problems)
@@ -352,8 +399,125 @@ def schema_paths(spec: Spec, prefix: str = "") -> list[str]:
 # --- YAML ---------------------------------------------------------------------------------------
 
 
+class _YamlRefused(yaml.MarkedYAMLError):
+    """A document refused at one value: over a bound, a duplicate key, an unbuildable value.
+    ``path`` is that value's field path (``checks.xid.window_s``, ``rdma.ports[2]``)."""
+
+    def __init__(self, problem: str, mark: yaml.Mark | None, path: str,
+                 what: str = "malformed YAML"):
+        super().__init__(problem=problem, problem_mark=mark)
+        self.path, self.what = path, what
+
+
+_LIMIT = "YAML refused"  # a well-formed document over a bound
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys (PyYAML silently keeps the last one)."""
+    """SafeLoader that refuses duplicate keys (PyYAML silently keeps the last one), documents
+    over the bounds, and values its constructors cannot build, naming the field of each.
+
+    1. The composer recurses once per nesting level: ``compose_node`` counts the levels and
+       stops at ``MAX_DEPTH`` before Python's recursion limit is near.
+    2. Aliases share nodes, so a few lines can stand for 10^9 of them (each ``*a`` repeats
+       ``&a``), and an alias inside its own anchor makes a cycle. ``compose_document`` measures
+       the node graph with aliases expanded (each node once, memoised) before anything is
+       constructed or validated.
+    3. A scalar constructor that raises (``!!int x``, a 5000-digit integer, the date
+       2024-13-45) becomes an error at that value's line and field.
+    4. While composing, every node's field path is recorded (the first, for a shared node), so
+       the errors above name the field as the schema's errors do.
+    """
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._trail: list[str] = []
+        self._paths: dict[int, str] = {}
+
+    def path_of(self, node: yaml.Node) -> str:
+        return self._paths.get(id(node), "")
+
+    def compose_node(self, parent, index):
+        here = self._trail[-1] if self._trail else ""
+        if isinstance(parent, yaml.SequenceNode):
+            here = f"{here}[{index}]"
+        elif isinstance(parent, yaml.MappingNode) and isinstance(index, yaml.ScalarNode):
+            here = _join(here, str(index.value))
+        if len(self._trail) >= MAX_DEPTH:
+            raise _YamlRefused(f"nested deeper than {MAX_DEPTH} levels",
+                               self.peek_event().start_mark, here, _LIMIT)
+        alias = self.check_event(yaml.AliasEvent)
+        self._trail.append(here)
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._trail.pop()
+        if not alias:  # an alias's node is named where its anchor is
+            self._paths[id(node)] = here
+        return node
+
+    def compose_document(self):
+        node = super().compose_document()
+        if node is not None:
+            _measure(node, self.path_of)
+        return node
+
+    def construct_object(self, node, deep=False):
+        try:
+            return super().construct_object(node, deep=deep)
+        except yaml.YAMLError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a constructor's own failure on bad text
+            tag = str(node.tag).replace("tag:yaml.org,2002:", "!!")
+            why = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+            raise _YamlRefused(f"cannot read the value {_show(node.value)} as {tag}: {why}",
+                               node.start_mark, self.path_of(node)) from None
+
+    def construct_yaml_int(self, node):
+        digits = sum(c.isdigit() for c in str(node.value))
+        if digits > 64:
+            raise _YamlRefused(f"an integer of {digits} digits is out of range",
+                               node.start_mark, self.path_of(node))
+        return super().construct_yaml_int(node)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
+
+
+def _measure(root: yaml.Node, path_of: Callable[[yaml.Node], str]) -> None:
+    """Refuse ``root`` if, aliases expanded, it is cyclic, deeper than ``MAX_DEPTH`` or has
+    more than ``MAX_NODES`` nodes. Iterative, each distinct node visited once."""
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    open_: set[int] = set()  # the nodes on the current path
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            kids = _children(node)
+            size[key] = 1 + sum(size[id(k)] for k in kids)
+            depth[key] = 1 + max((depth[id(k)] for k in kids), default=0)
+            open_.discard(key)
+            if size[key] > MAX_NODES:
+                raise _YamlRefused(f"more than {MAX_NODES} values with aliases expanded "
+                                   f"(an alias bomb?)", node.start_mark, path_of(node), _LIMIT)
+            if depth[key] > MAX_DEPTH:
+                raise _YamlRefused(f"nested deeper than {MAX_DEPTH} levels with aliases "
+                                   f"expanded", node.start_mark, path_of(node), _LIMIT)
+            continue
+        if key in size:
+            continue
+        if key in open_:
+            raise _YamlRefused("an alias refers to a value that contains it (recursive "
+                               "alias)", node.start_mark, path_of(node), _LIMIT)
+        open_.add(key)
+        stack.append((node, True))
+        stack.extend((k, False) for k in _children(node) if id(k) not in size)
 
 
 def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False):
@@ -366,29 +530,58 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: b
         except TypeError:
             continue  # PyYAML's own error follows
         if key in seen:
-            raise yaml.constructor.ConstructorError(
-                "while constructing a mapping", node.start_mark,
-                f"found duplicate key {key!r} (first at line {seen[key] + 1})", key_node.start_mark)
+            raise _YamlRefused(f"duplicate key {key!r} (first at line {seen[key] + 1})",
+                               key_node.start_mark, _join(loader.path_of(node), str(key)))
         seen[key] = key_node.start_mark.line
     return loader.construct_mapping(node, deep=deep)
 
 
 _UniqueKeyLoader.add_constructor(
     yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_UniqueKeyLoader.add_constructor(
+    "tag:yaml.org,2002:int", _UniqueKeyLoader.construct_yaml_int)
+
+
+def read_text(path: str | os.PathLike[str], source: str,
+              error: type[SchemaError] = SchemaError) -> str:
+    """The UTF-8 text of a config or profile file; anything else is ``error`` naming ``source``
+    and what was wrong (not found, a directory, unreadable, too large, not UTF-8)."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_FILE_BYTES + 1)
+    except FileNotFoundError:
+        raise error(source, [("", "file not found")]) from None
+    except IsADirectoryError:
+        raise error(source, [("", "is a directory, not a file")]) from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        why = getattr(exc, "strerror", None) or str(exc)
+        raise error(source, [("", f"cannot read: {why}")]) from None
+    if len(data) > MAX_FILE_BYTES:
+        raise error(source, [("", f"larger than {MAX_FILE_BYTES} bytes (a config or profile "
+                                  f"is a few KiB): not read")])
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise error(source, [("", f"not UTF-8 text: {exc.reason} at byte {exc.start} "
+                                  f"(line {line})")], line=line) from None
 
 
 def read_yaml(text: str, source: str, error: type[SchemaError] = SchemaError) -> Any:
-    """Parse YAML; a syntax error becomes ``error`` naming the line and column."""
+    """Parse YAML; a syntax error, a duplicate key, an unbuildable value or a document over the
+    bounds becomes ``error`` naming the line and column."""
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         problem = exc.problem or exc.context or "syntax error"
+        path = getattr(exc, "path", "")
+        what = getattr(exc, "what", "malformed YAML")
         if mark is not None:
             where = f"line {mark.line + 1}, column {mark.column + 1}"
-            raise error(source, [("", f"malformed YAML at {where}: {problem}")],
+            raise error(source, [(path, f"{what} at {where}: {problem}")],
                         line=mark.line + 1) from None
-        raise error(source, [("", f"malformed YAML: {problem}")]) from None
+        raise error(source, [(path, f"{what}: {problem}")]) from None
     except yaml.YAMLError as exc:
         raise error(source, [("", f"malformed YAML: {exc}")]) from None
 
@@ -399,6 +592,11 @@ _POS_INT = Int(1)
 _NAT = Int(0)
 _POS = Num(0, lo_open=True)
 _NONNEG = Num(0)
+# Durations: every key ending in ``_s`` is one of these (a test holds that).
+SECONDS = Num(0, MAX_SECONDS, lo_open=True,
+              what=f"a positive number of seconds (at most {MAX_SECONDS}, 366 days)")
+SECONDS0 = Num(0, MAX_SECONDS,
+               what=f"a number of seconds >= 0 (at most {MAX_SECONDS}, 366 days)")
 _FRACTION = Num(0, 1)
 _BYTES = Int(1)
 _PORT = Str(pattern=r"[A-Za-z0-9_.\-]+:\d+", what="an RDMA port 'device:port' such as 'mlx5_0:1'")
@@ -406,25 +604,30 @@ _DTYPE = Str(choices=DTYPES)
 
 # Keys every check block may hold.
 COMMON_CHECK_KEYS: dict[str, Spec] = {
-    "interval_s": _POS,
-    "timeout_s": _POS,
+    "interval_s": SECONDS,
+    "timeout_s": SECONDS,
     "warning_band": _FRACTION,
+    # Whether a bootstrap must run the check (over its declaration, Check.required): a SKU
+    # without DCGM support says ``checks.dcgm_diag.required: false``.
+    "required": Bool(),
 }
 
-# Per-check settings (profile ``checks.<name>.<key>``); docs/configuration.md lists each one.
+# Per-check settings (profile ``checks.<name>.<key>``), one ``Spec`` per key: the type and
+# domain a check may rely on. docs/configuration.md lists each one; a test scans every
+# ``ctx.setting(...)`` call in the code and holds this table complete.
 CHECK_SETTINGS: dict[str, dict[str, Spec]] = {
     "inventory": {
-        "boot_grace_s": _NONNEG,
+        "boot_grace_s": SECONDS0,
     },
     "burn_in": {
-        "duration_s": _POS,
+        "duration_s": SECONDS,
         "min_fraction_of_peak": Num(0, 1, lo_open=True),
         "median_tolerance": Num(0, 1, hi_open=True),
         "dtypes": List(_DTYPE, min_len=1),
         "matrix_size": Int(16),
         "max_temp_celsius": _POS,
         "reference_block": Int(1),
-        "reference_interval_s": _POS,
+        "reference_interval_s": SECONDS,
         "reference_tolerance": Map({d: _POS for d in DTYPES}, doc="a mapping dtype -> tolerance"),
     },
     "nvlink_peer": {
@@ -450,17 +653,17 @@ CHECK_SETTINGS: dict[str, dict[str, Spec]] = {
         "copy_bytes": _BYTES,
         "repeats": _POS_INT,
         "replay_increase_degraded": _POS_INT,
-        "copy_timeout_s": _POS,
+        "copy_timeout_s": SECONDS,
     },
     "rdma_loopback": {
         "use_cuda": Bool(),
         "iterations": _POS_INT,
         "tcp_port_base": Int(1024, 65535),
         "gid_index": Nullable(_NAT),
-        "run_timeout_s": _POS,
-        "server_start_s": _POS,
+        "run_timeout_s": SECONDS,
+        "server_start_s": SECONDS,
         "connect_retries": _NAT,
-        "server_exit_s": _POS,
+        "server_exit_s": SECONDS,
     },
     "dcgm_diag": {
         "host": Nullable(Str(what="a DCGM host engine address such as 'localhost:5555'")),
@@ -475,39 +678,44 @@ CHECK_SETTINGS: dict[str, dict[str, Spec]] = {
     },
     "xid": {
         "app_xid_repeat_count": _POS_INT,
-        "app_xid_window_s": _POS,
-        "app_xid_dedup_s": _NONNEG,
+        "app_xid_window_s": SECONDS,
+        "app_xid_dedup_s": SECONDS0,
         "replace_after_resets": _POS_INT,
-        "replay_max_age_s": _POS,
+        "replay_max_age_s": SECONDS,
     },
     "nvswitch": {
-        "nonfatal_window_s": _POS,
+        "nonfatal_window_s": SECONDS,
     },
     "throttle": {
-        "window_s": _POS,
+        "window_s": SECONDS,
         "degraded_fraction": Num(0, 1, lo_open=True),
         "failed_fraction": Num(0, 1, lo_open=True),
     },
     "nvlink_state": {
-        "window_s": _POS,
+        "window_s": SECONDS,
         "error_rate_per_min_degraded": _POS,
     },
     "rdma_ports": {
-        "window_s": _POS,
-        "downtime_budget_s": _POS,
+        "window_s": SECONDS,
+        "downtime_budget_s": SECONDS,
         "downtime_warning_fraction": Num(0, 1, lo_open=True),
         "nccl_ib_timeout": Int(1, 31),
         "nccl_ib_retry_cnt": Int(0, 7),
+        "boot_grace_s": SECONDS0,
     },
     "pcie_aer": {
-        "window_s": _POS,
+        "window_s": SECONDS,
         "correctable_per_min_degraded": _POS,
+        "boot_grace_s": SECONDS0,
     },
     "temperature": {
         "gradient_limit_celsius": _POS,
         "peer_deviation_celsius": _POS,
     },
-    "fabric_probe": {},
+    "fabric_probe": {
+        "iterations": _POS_INT,
+        "warmup_iterations": _NAT,
+    },
 }
 KNOWN_CHECKS = frozenset(CHECK_SETTINGS)
 
@@ -554,7 +762,7 @@ _SECTIONS: dict[str, Map] = {
         "nvswitch": Bool(),
         "nvswitch_count": _NAT,
         "p2p_floor_gb_per_s": Nullable(_NONNEG),
-        "boot_grace_s": _NONNEG,
+        "boot_grace_s": SECONDS0,
     }, required=frozenset({"links_per_gpu", "nvswitch", "nvswitch_count", "p2p_floor_gb_per_s",
                            "boot_grace_s"})),
     "pcie": Map({
@@ -576,7 +784,7 @@ _SECTIONS: dict[str, Map] = {
         "allreduce_busbw_floor_gb_per_s": Nullable(_NONNEG),
         "large_message_min_bytes": _BYTES,
         "small_message_max_bytes": _BYTES,
-        "small_p95_latency_limit_s": Nullable(_POS),
+        "small_p95_latency_limit_s": Nullable(SECONDS),
         "sweep_min_bytes": _BYTES,
         "sweep_max_bytes": _BYTES,
         "sweep_factor": Int(2),
@@ -585,13 +793,42 @@ _SECTIONS: dict[str, Map] = {
                            "sweep_min_bytes", "sweep_max_bytes", "sweep_factor"})),
     "fabric": Map({
         "busbw_floor_gb_per_s": Nullable(_NONNEG),
-        "small_p95_latency_limit_s": Nullable(_POS),
+        "small_p95_latency_limit_s": Nullable(SECONDS),
     }),
     "dcgm": Map({
         "level": Int(1, 4),
         "targeted_power_w": Nullable(_POS),
     }, required=frozenset({"level"})),
 }
+
+
+
+def declared_settings(check: str) -> Mapping[str, Spec] | None:
+    """Every setting ``check`` may read, with its Spec: the common keys, its own
+    ``CHECK_SETTINGS`` and the keys of its ``CHECK_SECTIONS`` (its own win). None for a check
+    the schema does not know (a plugin: its settings are free-form)."""
+    if check not in CHECK_SETTINGS:
+        return None
+    out: dict[str, Spec] = {}
+    for section in reversed(CHECK_SECTIONS.get(check, ())):
+        out.update(_SECTIONS[section].fields)
+    out.update(COMMON_CHECK_KEYS)
+    out.update(CHECK_SETTINGS[check])
+    return out
+
+
+def setting_spec(check: str, key: str) -> Spec:
+    """The Spec of ``checks.<check>.<key>``; ``UndeclaredSetting`` when a known check's
+    declaration lacks ``key``. A plugin's keys are free-form (``Any_``) but for the common
+    ones."""
+    declared = declared_settings(check)
+    if declared is None:
+        return COMMON_CHECK_KEYS.get(key) or Any_()
+    spec = declared.get(key)
+    if spec is None:
+        raise UndeclaredSetting(check, key, declared)
+    return spec
+
 
 # Unknown check names are plugin settings (free-form), unless they look like a typo of a known
 # check, which is an error ("burnin" -> "burn_in").
@@ -748,7 +985,9 @@ class Profile:
 
     def check_setting(self, check: str, key: str) -> Any:
         """``checks.<check>.<key>``, else the key in the check's hardware section(s)
-        (``CHECK_SECTIONS``), else the profile-wide ``warning_band``; None when unset."""
+        (``CHECK_SECTIONS``), else the profile-wide ``warning_band``; None when unset.
+        ``UndeclaredSetting`` when ``key`` is not declared for ``check``."""
+        setting_spec(check, key)
         block = _dig(self.data, f"checks.{check}")
         if isinstance(block, Mapping) and block.get(key) is not None:
             return block[key]
@@ -818,13 +1057,7 @@ def load_profile(name_or_path: str | os.PathLike[str]) -> Profile:
     ref = os.fspath(name_or_path)
     if _looks_like_path(ref):
         source = f"profile {ref}"
-        try:
-            with open(ref, encoding="utf-8") as fh:
-                text = fh.read()
-        except FileNotFoundError:
-            raise ProfileError(source, [("", "file not found")]) from None
-        except OSError as exc:
-            raise ProfileError(source, [("", f"cannot read: {exc.strerror or exc}")]) from None
+        text = read_text(ref, source, ProfileError)
         return Profile(_validate_profile(read_yaml(text, source, ProfileError), source), ref)
     return _load_shipped(ref)
 

@@ -15,6 +15,13 @@ Contract:
 3. In dry-run nothing is written to the node: the decision is logged and evented only.
 4. With no Kubernetes API (a laptop, ``--simulate``) the suite still runs and its verdict is
    recorded; the taint part is skipped.
+5. Only an image that can run the active checks lifts the taint. ``active_runtime`` says what
+   this image lacks for them ("" when nothing: the daemon asks the host's requirement gate for
+   torch, see daemon.py); while it names something -- the passive image has no torch -- no pass
+   is recorded and the taint is never removed, whatever the config disables or a profile
+   makes optional: the suite still runs and reports, its verdict is at best ``unknown``
+   (``BootstrapUndecided``) naming what is missing. A pass recorded earlier by a full image
+   stays recorded; this image just does not act on it (``blocked``).
 """
 
 from __future__ import annotations
@@ -46,14 +53,16 @@ class _Cond:
 class BootstrapGate:
     def __init__(self, store, run_suite: Callable[[], Report], clock,
                  node_client: Callable[[], Any] | None = None, dry_run: bool = True,
-                 retry_s: float = 600.0):
+                 retry_s: float = 600.0, active_runtime: Callable[[], str] | None = None):
         self.store = store
         self.run_suite = run_suite
         self.clock = clock
         self.node_client = node_client
         self.dry_run = dry_run
         self.retry_s = retry_s
+        self.active_runtime = active_runtime
         self._last_attempt: float | None = None
+        self._blocked_logged = False
 
     def passed(self) -> bool:
         return bool(self.store.get_kv(KV_NAMESPACE, KV_PASSED))
@@ -63,10 +72,29 @@ class BootstrapGate:
             return True
         return self.clock.monotonic() - self._last_attempt >= self.retry_s
 
+    def missing_runtime(self) -> str:
+        """What this image lacks for the active checks ("" when nothing, or when not asked).
+        A probe that raises counts as missing: an unknown runtime earns no pass."""
+        if self.active_runtime is None:
+            return ""
+        try:
+            return str(self.active_runtime() or "")
+        except Exception as exc:  # noqa: BLE001 - contract 5: no pass on an unknown image
+            return f"cannot tell whether this image can run the active checks: {exc}"
+
     def step(self) -> str:
         """Run what is due: ``passed`` (recorded, taint released), ``failed``, ``unknown``,
-        or ``waiting`` (nothing due)."""
+        ``blocked`` (a pass is recorded but this image may not act on it, contract 5) or
+        ``waiting`` (nothing due)."""
+        missing = self.missing_runtime()
         if self.passed():
+            if missing:
+                if not self._blocked_logged:
+                    log.warning("a bootstrap pass is recorded, but this image cannot run the "
+                                "active checks (%s): the %s taint is left as it is",
+                                missing, BOOTSTRAP_TAINT)
+                    self._blocked_logged = True
+                return "blocked"
             self._release_taint()
             return "passed"
         if not self.due():
@@ -77,6 +105,11 @@ class BootstrapGate:
         verdict = report.verdict
         bad = [r for r in report.results if r.status in (Status.FAILED, Status.UNKNOWN)]
         summary = ", ".join(sorted({f"{r.check}/{r.reason}@{r.target}" for r in bad})[:10])
+        if missing:
+            summary = f"this image cannot run the active checks: {missing}" + (
+                f"; {summary}" if summary else "")
+            if verdict is Verdict.HEALTHY:
+                verdict = Verdict.UNKNOWN
         self.store.set_kv(KV_NAMESPACE, KV_LAST, {"at": iso(now), "verdict": verdict.value,
                                                   "problems": summary})
         if verdict is Verdict.HEALTHY:

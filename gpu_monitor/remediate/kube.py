@@ -12,14 +12,19 @@ semantics that matter on a real cluster (research/k8s_remediation.md, SPEC-REMED
    (reason, time, whether the node was already cordoned, the taint we applied) is written in
    the same guarded JSON patch as the taint; the cordon is kubectl's strategic-merge patch
    ``{"spec":{"unschedulable":true}}`` carrying our ``cordoned-at`` annotation in the same
-   request. So we can always tell our cordon from a human's, and a human's uncordon or untaint
-   afterwards is detected, recorded and respected.
+   request, and the ``metadata.resourceVersion`` it was decided on, which the API server
+   enforces as a precondition (409 Conflict: re-read, decide again). So an operator's cordon
+   that lands between our record and our cordon stays theirs (a cordon without our
+   ``cordoned-at`` is someone else's, whenever it appeared: the record says pre-existing), our
+   uncordon is conditional the same way, and a human's uncordon or untaint afterwards is
+   detected, recorded and respected.
 3. **Conditions merge by type.** ``PATCH nodes/<n>/status`` as a strategic-merge patch touches
    only our condition types (kubelet's ``Ready`` survives). ``lastTransitionTime`` moves only
    when status or reason changes; ``lastHeartbeatTime`` on every write; a write happens only on
    a change or when the heartbeat is due; at start the existing conditions are read back, never
    reset.
-4. **Writes are rate-limited** (token bucket) and **only on change**; Events are deduplicated.
+4. **Writes are rate-limited** (token bucket) and **only on change**; Events are deduplicated
+   and delivered from a bounded queue that never holds up the node's steps (events.py).
 5. **Transient failures are retried** (connection refused/reset, timeouts, 429/5xx on
    idempotent requests) with backoff and jitter until a deadline, then ``KubeUnavailable``.
    Evictions are never retried on an HTTP status here: 429/500/403 mean something specific to
@@ -34,6 +39,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import secrets
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +48,8 @@ from typing import Any
 
 from gpu_monitor.clock import Clock
 from gpu_monitor.model import iso, parse_iso
+from gpu_monitor.remediate.events import CAPACITY as EVENT_QUEUE_CAPACITY
+from gpu_monitor.remediate.events import Attempt, Delivery, EventQueue
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +63,14 @@ __all__ = [
     "METADATA_LIST_ACCEPT",
     "RBAC_RULES",
     "Kube",
+    "KubeConfigError",
     "KubeError",
+    "KubeThrottled",
     "KubeUnavailable",
     "NodeClient",
     "NodeView",
     "RateLimiter",
+    "kubeconfig_factory",
     "load_api_client",
 ]
 
@@ -70,6 +81,7 @@ GPU_NODE_SELECTOR = "nvidia.com/gpu.present=true"
 METADATA_LIST_ACCEPT = ("application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,"
                         "application/json")
 HEARTBEAT_S = 300.0  # node-problem-detector's default condition heartbeat
+EVENT_TIMEOUT = (5.0, 10.0)  # connect, read: one Event attempt (the queue retries)
 
 PREFIX = "gpu-monitor.io/"
 LABEL_STATE = PREFIX + "state"
@@ -135,8 +147,16 @@ class KubeError(Exception):
 class KubeUnavailable(KubeError):
     """The API server could not be reached (or kept failing) until the retry deadline."""
 
-    def __init__(self, message: str):
-        super().__init__(0, "Unavailable", message)
+    def __init__(self, message: str, retry_after: float = 0.0):
+        super().__init__(0, "Unavailable", message, retry_after=retry_after)
+
+
+class KubeThrottled(KubeUnavailable):
+    """A write that asked not to wait found no rate-limiter token free (nothing was sent)."""
+
+
+class KubeConfigError(ValueError):
+    """A kubeconfig (``--kubeconfig`` / ``--context``) that cannot be used; says why."""
 
 
 def load_api_client(kubeconfig: str | None = None, context: str | None = None):
@@ -156,6 +176,57 @@ def load_api_client(kubeconfig: str | None = None, context: str | None = None):
     return client.ApiClient(cfg)
 
 
+def kubeconfig_factory(kubeconfig: str | None, context: str | None = None
+                       ) -> Callable[[], Any]:
+    """A factory of ``ApiClient``s for the daemon's ``--kubeconfig``/``--context`` (a daemon
+    outside a cluster), checked now so a bad file fails the start instead of the first
+    remediation tick. ``kubeconfig`` None: ``$KUBECONFIG``, else ``~/.kube/config`` (the
+    client's own default). Raises KubeConfigError saying what is wrong; never anything else."""
+    import os
+    from urllib.parse import urlsplit
+
+    from kubernetes import client, config
+
+    if kubeconfig is not None and not os.path.isfile(kubeconfig):
+        why = "is a directory" if os.path.isdir(kubeconfig) else "no such file"
+        raise KubeConfigError(f"{kubeconfig}: {why}")
+    cfg = client.Configuration()
+    try:
+        config.load_kube_config(config_file=kubeconfig, context=context,
+                                client_configuration=cfg, persist_config=False)
+        if kubeconfig is not None:
+            _check_user(kubeconfig, context)
+    except KubeConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the client raises many kinds on a bad file
+        text = " ".join(str(exc).split())[:300] or type(exc).__name__
+        if isinstance(exc, (TypeError, AttributeError, KeyError, ValueError)):
+            text = f"not a kubeconfig (a YAML map of clusters, contexts, users): {text}"
+        raise KubeConfigError(f"{kubeconfig or 'the default kubeconfig'}: {text}") from None
+    url = urlsplit(cfg.host or "")
+    if url.scheme not in ("http", "https") or not url.netloc:
+        raise KubeConfigError(f"{kubeconfig or 'the default kubeconfig'}: the server of "
+                              f"context {context or '(current)'} is "
+                              f"{repr(cfg.host) if cfg.host else 'missing'}, not an http(s) URL")
+    return lambda: client.ApiClient(cfg)
+
+
+def _check_user(path: str, context: str | None) -> None:
+    """The user the context names must exist (the Python client would go on anonymously;
+    kubectl's config validation refuses it: 'user "x" was not found for context "y"')."""
+    import yaml
+
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        doc = yaml.safe_load(fh)
+    name = context or doc.get("current-context")
+    ctx = next((c.get("context") or {} for c in doc.get("contexts") or []
+                if isinstance(c, dict) and c.get("name") == name), {})
+    user = ctx.get("user") if isinstance(ctx, dict) else None
+    users = {u.get("name") for u in doc.get("users") or [] if isinstance(u, dict)}
+    if user and user not in users:
+        raise KubeConfigError(f'{path}: user "{user}" was not found for context "{name}"')
+
+
 class RateLimiter:
     """A token bucket (client-go's default for controllers is qps 5, burst 10)."""
 
@@ -166,6 +237,20 @@ class RateLimiter:
         self._tokens = float(self.burst)
         self._last = clock.monotonic()
         self._lock = threading.Lock()
+
+    def try_acquire(self, keep: int = 0) -> bool:
+        """Take one token only if one is free now and ``keep`` more stay for writes that wait;
+        never sleeps (Events use it: they must not delay the node's own writes)."""
+        if self.qps <= 0:
+            return True
+        with self._lock:
+            now = self.clock.monotonic()
+            self._tokens = min(self.burst, self._tokens + (now - self._last) * self.qps)
+            self._last = now
+            if self._tokens < 1.0 + keep:
+                return False
+            self._tokens -= 1.0
+            return True
 
     def acquire(self) -> float:
         """Take one token, sleeping until one is available; returns the seconds waited."""
@@ -245,11 +330,13 @@ class Kube:
 
     def call(self, fn: Callable[..., Any], *args: Any, write: bool = False,
              retry_statuses: frozenset[int] = RETRY_STATUSES, deadline_s: float | None = None,
-             **kwargs: Any) -> Any:
+             wait_for_token: bool = True, **kwargs: Any) -> Any:
         """Call a generated API method; the decoded JSON body (None when empty).
 
         Transport errors and ``retry_statuses`` are retried with exponential backoff and
-        jitter (at least any Retry-After) until ``deadline_s``; other errors raise KubeError.
+        jitter (at least any Retry-After) until ``deadline_s`` (0: one attempt); other errors
+        raise KubeError. A write takes a rate-limiter token first, waiting for one unless
+        ``wait_for_token`` is False (then KubeThrottled when none is free, nothing sent).
         """
         from kubernetes.client.exceptions import ApiException
 
@@ -259,8 +346,10 @@ class Kube:
         start = self.clock.monotonic()
         attempt = 0
         while True:
-            if write:
+            if write and wait_for_token:
                 self.limiter.acquire()
+            elif write and not self.limiter.try_acquire(keep=2):
+                raise KubeThrottled(f"{getattr(fn, '__name__', 'request')}: no write token free")
             try:
                 resp = fn(*args, **kwargs)
                 if write:
@@ -285,7 +374,8 @@ class Kube:
             delay = max(retry_after, min(5.0, 0.1 * 2 ** (attempt - 1)) * random.uniform(0.8, 1.2))
             if elapsed + delay > budget:
                 raise KubeUnavailable(f"{getattr(fn, '__name__', 'request')}: {why} "
-                                      f"(gave up after {attempt} attempts, {elapsed:.1f} s)")
+                                      f"(gave up after {attempt} attempts, {elapsed:.1f} s)",
+                                      retry_after)
             log.debug("kubernetes %s failed (%s); retry %d in %.2f s",
                       getattr(fn, "__name__", "request"), why, attempt, delay)
             self.clock.sleep(delay)
@@ -366,7 +456,13 @@ class Kube:
 
     # --- events, config maps, custom resources ---------------------------------------------------
 
-    def create_event(self, namespace: str, body: dict) -> dict:
+    def create_event(self, namespace: str, body: dict, *, once: bool = False) -> dict:
+        """POST a core/v1 Event. ``once``: a single attempt with a short timeout that takes a
+        write token only if one is free (the Event queue retries; see events.py)."""
+        if once:
+            return self.call(self.core.create_namespaced_event, namespace, body, write=True,
+                             deadline_s=0.0, wait_for_token=False,
+                             _request_timeout=EVENT_TIMEOUT)
         return self.call(self.core.create_namespaced_event, namespace, body, write=True)
 
     def get_configmap(self, namespace: str, name: str) -> dict | None:
@@ -533,32 +629,41 @@ class QuarantineOutcome:
 
 
 @dataclass
-class _EventMemo:
-    at: float
-    count: int = 1
-
-
-@dataclass
 class NodeClient:
-    """Every change gpu-monitor makes to its own Node, plus that node's Events."""
+    """Every change gpu-monitor makes to its own Node, plus that node's Events.
+
+    ``on_event_dropped(body, why)``: told about each Event given up on (``dropped``: the
+    queue was full; ``refused``: the API server refused it for good)."""
 
     kube: Kube
     node: str
     taint_key: str = PREFIX + "unhealthy"
     component: str = COMPONENT
     event_repeat_s: float = 600.0  # an identical Event is not sent again within this time
+    event_capacity: int = EVENT_QUEUE_CAPACITY  # Events waiting while the Events API fails
+    on_event_dropped: Callable[[Mapping[str, Any], str], None] | None = None
     heartbeat_s: float = HEARTBEAT_S
     conflict_retries: int = 10
     view: NodeView | None = None  # the node as of our last read or write
     _conds: dict[str, _Cond] | None = None
     _last_cond_write: float | None = None
-    _events: dict[tuple[str, str], _EventMemo] = field(default_factory=dict)
+    _events: EventQueue | None = None
     _uid: str = ""
     _lock: threading.RLock = field(default_factory=threading.RLock)
 
     @property
     def clock(self) -> Clock:
         return self.kube.clock
+
+    @property
+    def events(self) -> EventQueue:
+        """The queue of this node's Events not yet delivered (events.py)."""
+        if self._events is None:
+            self._events = EventQueue(self._send_event, self.clock,
+                                      capacity=self.event_capacity,
+                                      repeat_s=self.event_repeat_s,
+                                      on_drop=self.on_event_dropped)
+        return self._events
 
     def read(self) -> NodeView:
         return self._seen(self.kube.get_node(self.node))
@@ -588,6 +693,31 @@ class NodeClient:
                 if err.status not in (409, 422):
                     raise
                 log.debug("node %s changed under us (%s); re-reading", self.node, err.status)
+                view = None
+        raise KubeError(409, "Conflict", f"node {self.node} kept changing; gave up after "
+                                         f"{self.conflict_retries} attempts")
+
+    def _guarded_merge(self, build: Callable[[NodeView], dict | None],
+                       view: NodeView | None = None) -> tuple[NodeView, bool]:
+        """Apply the strategic-merge patch ``build(view)`` only to the node as ``view`` saw it:
+        the patch carries that ``metadata.resourceVersion``, which the API server takes as a
+        precondition (409 Conflict when the node changed since). On 409 re-read and rebuild,
+        so the decision is made again on what is there now. None = nothing to do.
+        (view, whether a patch was applied)."""
+        for _ in range(self.conflict_retries):
+            view = view or self.read()
+            body = build(view)
+            if not body:
+                return view, False
+            meta = dict(body.get("metadata") or {})
+            meta["resourceVersion"] = view.resource_version
+            try:
+                return self._seen(self.kube.patch_node(self.node,
+                                                       {**body, "metadata": meta})), True
+            except KubeError as err:
+                if err.status != 409:
+                    raise
+                log.debug("node %s changed since it was read (409); re-reading", self.node)
                 view = None
         raise KubeError(409, "Conflict", f"node {self.node} kept changing; gave up after "
                                          f"{self.conflict_retries} attempts")
@@ -645,6 +775,11 @@ class NodeClient:
                 updates[ANNOTATIONS.SINCE] = iso(now)
                 updates[ANNOTATIONS.PRE_EXISTING] = "true" if view.unschedulable else "false"
                 updates[ANNOTATIONS.DRAIN] = "pending"
+            elif view.unschedulable and not view.cordoned_by_us \
+                    and ann.get(ANNOTATIONS.PRE_EXISTING) != "true":
+                # cordoned after our record, but not by us (an operator between our record and
+                # our cordon, or while we were down): it is theirs, as a pre-existing one is
+                updates[ANNOTATIONS.PRE_EXISTING] = "true"
             if ann.get(ANNOTATIONS.REASON) != reason:
                 updates[ANNOTATIONS.REASON] = reason
             if view.cordoned_by_us and not view.unschedulable \
@@ -668,20 +803,43 @@ class NodeClient:
                     + self._map_ops(view.labels, "labels", labels) + taint_ops)
 
         view = self._guarded(build, view)
-        pre = view.annotations.get(ANNOTATIONS.PRE_EXISTING) == "true"
         cordoned = False
-        if cordon and not view.unschedulable and not pre \
-                and ANNOTATIONS.UNCORDONED_MANUALLY not in view.annotations:
-            view = self.cordon(now)
-            cordoned = True
+        if cordon:
+            stamp = iso(now)
+
+            def cordon_body(v: NodeView) -> dict | None:
+                ann = v.annotations
+                if v.unschedulable or ann.get(ANNOTATIONS.PRE_EXISTING) == "true" \
+                        or ANNOTATIONS.UNCORDONED_MANUALLY in ann:
+                    return None
+                return self._cordon_body(stamp)
+
+            tried = cordon_body(view) is not None
+            view, _ = self._guarded_merge(cordon_body, view)
+            # ours if our stamp is on it (also when a retry of a cordon that landed hit 409)
+            cordoned = tried and view.unschedulable \
+                and view.annotations.get(ANNOTATIONS.CORDONED) == stamp
+            if view.unschedulable and not view.cordoned_by_us \
+                    and view.annotations.get(ANNOTATIONS.PRE_EXISTING) != "true":
+                view = self._guarded(build, view)  # someone else's cordon won the race
+        pre = view.annotations.get(ANNOTATIONS.PRE_EXISTING) == "true"
         return QuarantineOutcome(view, pre, cordoned, flags["tainted"],
                                  flags["human_uncordoned"], flags["human_untainted"])
 
-    def cordon(self, now: datetime) -> NodeView:
-        """kubectl's cordon patch, plus our ``cordoned-at`` annotation in the same request."""
-        body = {"metadata": {"annotations": {ANNOTATIONS.CORDONED: iso(now)}},
+    @staticmethod
+    def _cordon_body(stamp: str) -> dict:
+        return {"metadata": {"annotations": {ANNOTATIONS.CORDONED: stamp}},
                 "spec": {"unschedulable": True}}
-        return self._seen(self.kube.patch_node(self.node, body))
+
+    def cordon(self, now: datetime, view: NodeView | None = None) -> NodeView:
+        """kubectl's cordon patch, plus our ``cordoned-at`` annotation in the same request,
+        conditional on the resourceVersion of ``view`` (default: the last one seen, else a
+        fresh read). A node found cordoned - before, or by someone else meanwhile - is left
+        as it is: ``cordoned_by_us`` on the returned view says whose the cordon is."""
+        stamp = iso(now)
+        return self._guarded_merge(
+            lambda v: None if v.unschedulable else self._cordon_body(stamp),
+            view or self.view)[0]
 
     def set_state_label(self, state: str, *, extra: Mapping[str, str | None] = (),
                         annotations: Mapping[str, str | None] = (), fresh: bool = False
@@ -705,15 +863,16 @@ class NodeClient:
     def release(self, now: datetime, *, state: str = "healthy") -> tuple[NodeView, bool]:
         """Return to service: uncordon only our own cordon (never a pre-existing one or one a
         human took over), then remove only our taint and our records. (view, uncordoned)."""
-        view = self.read()
-        ann = view.annotations
-        uncordoned = False
-        if view.cordoned_by_us and view.unschedulable and ann.get(ANNOTATIONS.PRE_EXISTING) != "true" \
-                and ANNOTATIONS.UNCORDONED_MANUALLY not in ann:
-            body = {"metadata": {"annotations": {ANNOTATIONS.CORDONED: None}},
+        def uncordon_body(v: NodeView) -> dict | None:
+            ann = v.annotations
+            if not (v.cordoned_by_us and v.unschedulable) \
+                    or ann.get(ANNOTATIONS.PRE_EXISTING) == "true" \
+                    or ANNOTATIONS.UNCORDONED_MANUALLY in ann:
+                return None
+            return {"metadata": {"annotations": {ANNOTATIONS.CORDONED: None}},
                     "spec": {"unschedulable": None}}
-            view = self._seen(self.kube.patch_node(self.node, body))
-            uncordoned = True
+
+        view, uncordoned = self._guarded_merge(uncordon_body, self.read())
 
         def build(v: NodeView) -> list[dict]:
             drop = {k: None for k in (*ANNOTATIONS.OWNED, ANNOTATIONS.RELEASE_REQUESTED,
@@ -785,33 +944,47 @@ class NodeClient:
 
     def event(self, reason: str, message: str, *, type: str = "Normal",
               now: datetime | None = None) -> bool:
-        """An Event about our Node (involvedObject = the Node); identical ones within
-        ``event_repeat_s`` are dropped. True if sent."""
-        mono = self.clock.monotonic()
-        key = (reason, message)
-        with self._lock:
-            memo = self._events.get(key)
-            if memo is not None and mono - memo.at < self.event_repeat_s:
-                memo.count += 1
-                return False
-            self._events[key] = _EventMemo(mono)
-            if len(self._events) > 512:
-                oldest = sorted(self._events.items(), key=lambda kv: kv[1].at)[:256]
-                for k, _ in oldest:
-                    self._events.pop(k, None)
+        """Queue an Event about our Node (involvedObject = the Node) and try to deliver what
+        waits, without waiting (events.py). False when deduplicated: identical to one sent
+        within ``event_repeat_s``, or to one still waiting (merged into it)."""
         stamp = iso(now or self.clock.now())
+        message = message[:1024]
         body = {
             "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{self.node}.", "namespace": EVENT_NAMESPACE},
+            # our own name (client-go's is <object>.<hex>): a retry of a POST whose answer was
+            # lost is a 409 AlreadyExists, not a second Event
+            "metadata": {"name": f"{self.node[:236]}.{secrets.token_hex(8)}",
+                         "namespace": EVENT_NAMESPACE},
             "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": self.node,
                                "uid": self._uid or self.node},
-            "reason": reason, "message": message[:1024], "type": type,
+            "reason": reason, "message": message, "type": type,
             "source": {"component": self.component, "host": self.node},
             "reportingComponent": self.component, "reportingInstance": self.node,
             "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
         }
-        self.kube.create_event(EVENT_NAMESPACE, body)
-        return True
+        queued = self.events.put((reason, message), body, stamp)
+        self.events.flush()
+        return queued
+
+    def flush_events(self) -> int:
+        """Deliver waiting Events (one attempt each, never waiting); the number delivered."""
+        return self.events.flush() if self._events is not None else 0
+
+    def _send_event(self, body: Mapping[str, Any]) -> Attempt:
+        involved = body.get("involvedObject") or {}
+        if self._uid and involved.get("uid") == self.node:  # queued before the first read
+            body = {**body, "involvedObject": {**involved, "uid": self._uid}}
+        try:
+            self.kube.create_event(EVENT_NAMESPACE, dict(body), once=True)
+        except KubeThrottled as err:
+            return Attempt(Delivery.LATER, str(err))
+        except KubeError as err:
+            if err.status == 409:  # AlreadyExists: an earlier attempt landed
+                return Attempt(Delivery.SENT, str(err))
+            if err.status in (0, 429) or err.status >= 500:
+                return Attempt(Delivery.RETRY, str(err), err.retry_after)
+            return Attempt(Delivery.REFUSED, str(err))
+        return Attempt(Delivery.SENT)
 
 
 def parse_time(text: str | None) -> datetime | None:

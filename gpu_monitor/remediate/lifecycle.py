@@ -27,6 +27,9 @@ Guarantees:
    healthy and suspect.
 5. ``on_results`` never blocks on the API server; the work happens in ``tick`` (or in the
    background thread ``start`` runs).
+6. **An Event never holds up a step**: Events wait in the node's bounded queue (events.py)
+   and are delivered as they happen when the Events API answers, else after every tick once
+   the queue's backoff allows; a dropped or refused one is counted (action ``event``).
 """
 
 from __future__ import annotations
@@ -176,6 +179,7 @@ class _Memo:
     last_report_poll: float | None = None
     clear_since: datetime | None = None
     started: bool = False
+    recoveries_announced: bool = False
 
 
 class Remediator:
@@ -262,8 +266,12 @@ class Remediator:
         if self._node is None:
             from gpu_monitor.remediate.kube import NodeClient
 
-            self._node = NodeClient(self.kube, self.node_name, taint_key=self.rem.taint_key)
+            self._node = NodeClient(self.kube, self.node_name, taint_key=self.rem.taint_key,
+                                    on_event_dropped=self._event_dropped)
         return self._node
+
+    def _event_dropped(self, body: Any, why: str) -> None:
+        self._record("event", why, self.clock.now(), reason=str(body.get("reason", "")))
 
     @property
     def _view(self) -> Any:
@@ -420,6 +428,17 @@ class Remediator:
                 self.last_error = str(err)
                 log.warning("remediation step on %s did not complete: %s; retrying later",
                             self.node_name, err)
+            finally:
+                self._flush_events()
+
+    def _flush_events(self) -> None:
+        """Events still waiting (the Events API failed earlier): one more try, never waiting."""
+        if self._node is None:
+            return
+        try:
+            self._node.flush_events()
+        except Exception as exc:  # noqa: BLE001 - an Event is never worth failing a tick
+            log.debug("flushing Events failed: %s", exc)
 
     def _tick(self) -> None:
         now = self.clock.now()
@@ -439,6 +458,8 @@ class Remediator:
             self.node.read()
             self._memo.last_sync_at = mono
             self._fresh = True
+        if not self._memo.recoveries_announced:
+            self._announce_state_recoveries()
         self._collect_reports(mono)
         if self._operator_requests(now):
             return
@@ -451,6 +472,33 @@ class Remediator:
          "replace": self._replace_state}[state](decision, now)
         self._finding_events(decision)  # after the node writes: they matter more
         self._maintain_breaker(now)
+
+    # --- state recovery ---------------------------------------------------------------------------
+
+    def _announce_state_recoveries(self) -> None:
+        """One ``StateRecovered`` Event per recovery of the state file (state_recovery.py keeps
+        the record in the fresh store; the mark that it was sent persists, so a restart does
+        not repeat it). The recovery really happened, so no ``[dry-run]`` prefix."""
+        from gpu_monitor.state_recovery import mark_announced, recoveries
+
+        for rec in recoveries(self.store):
+            if rec.announced:
+                continue
+            try:
+                sent = self.node.event(
+                    "StateRecovered",
+                    f"the state file {rec.path} was damaged ({rec.detail}) and was moved aside "
+                    f"to {rec.moved_to} at {iso(rec.at)} (by the {rec.by}); gpu-monitor started "
+                    f"an empty store: counters restart at 0, history windows start empty, the "
+                    f"bootstrap suite runs again, quarantine state comes from the node's labels",
+                    type="Warning")
+            except Exception as exc:  # noqa: BLE001 - retried on the next tick
+                log.warning("cannot send Event StateRecovered: %s", exc)
+                return
+            if not sent:
+                return  # held back as a repeat of a failed attempt: sent after the repeat window
+            mark_announced(self.store, rec.moved_to)
+        self._memo.recoveries_announced = True
 
     # --- reports and operator requests ---------------------------------------------------------
 

@@ -15,6 +15,10 @@ Guarantees:
    so a restart, a re-list or a re-read directory does not act again.
 3. A malformed report is logged and skipped, never fatal; reports older than ``max_age_s``
    (by ``observedTime``) are recorded but not acted on.
+4. A missing GPUHealthReport CRD (404) is said once (a warning), looked for again with
+   exponential backoff (5 s doubling to 10 min, on the injected clock), and picked up when it
+   appears (an info line, then the watch starts). Other watch failures back off the same way
+   (to 5 min), logged when the error changes, not on every retry.
 
 Report spec (docs/remediation.md): ``node``, ``reason`` (CamelCase token), ``source``,
 ``evidence`` (free-form object), ``observedTime`` (RFC 3339). Files may hold that spec, a whole
@@ -27,6 +31,7 @@ import hashlib
 import json
 import logging
 import os
+import random
 import re
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -72,6 +77,9 @@ REPORT_ACTIONS: Mapping[str, Action] = {
 }
 DEFAULT_REPORT_ACTION = Action.RESET_GPU
 _TOKEN = re.compile(r"[^A-Za-z0-9]+")
+WATCH_RETRY_BASE_S = 5.0
+CRD_RETRY_MAX_S = 600.0  # a missing CRD is an install choice: look again rarely
+WATCH_RETRY_MAX_S = 300.0
 
 
 class ReportError(ValueError):
@@ -203,6 +211,8 @@ class ReportSource:
         self._thread: threading.Thread | None = None
         self._watch: Any = None
         self.ignored = 0  # reports seen that name another node
+        self.crd_missing = False  # the last list answered 404: the CRD is not installed
+        self._crd_lock = threading.Lock()
 
     @property
     def selector(self) -> str:
@@ -240,16 +250,33 @@ class ReportSource:
         return out
 
     def _list(self) -> list[IncomingReport]:
+        page = self._list_page()
+        return self._parse_objects(page.get("items") or []) if page is not None else []
+
+    def _list_page(self) -> dict | None:
+        """This node's GPUHealthReports, or None when the CRD is not installed (said once, and
+        once more when it appears)."""
         from gpu_monitor.remediate.kube import KubeError
 
         try:
             page = self.kube.list_custom(GROUP, VERSION, self.namespace, PLURAL,
                                          label_selector=self.selector)
         except KubeError as err:
-            if err.status == 404:  # CRD not installed: nothing to watch
-                return []
-            raise
-        return self._parse_objects(page.get("items") or [])
+            if err.status != 404:
+                raise
+            with self._crd_lock:
+                first, self.crd_missing = not self.crd_missing, True
+            if first:
+                log.warning("the GPUHealthReport CRD is not served (404 listing %s.%s/%s in "
+                            "%s): reports from other detectors are not received; looking "
+                            "again with backoff (install daemonset/crd-gpuhealthreports.yaml)",
+                            PLURAL, GROUP, VERSION, self.namespace)
+            return None
+        with self._crd_lock:
+            found, self.crd_missing = self.crd_missing, False
+        if found:
+            log.info("the GPUHealthReport CRD is served now: receiving reports")
+        return page
 
     def _parse_objects(self, items: Iterable[Mapping[str, Any]]) -> list[IncomingReport]:
         now = self.clock.now()
@@ -314,15 +341,27 @@ class ReportSource:
     def _started(self, handle: Any) -> None:
         self._watch = handle
 
+    def _backoff(self, failures: int, cap: float) -> bool:
+        """Wait (on the injected clock) before retry ``failures``; True when stopped."""
+        delay = min(cap, WATCH_RETRY_BASE_S * 2 ** min(failures - 1, 16))
+        return self.clock.wait(self._stop, delay * random.uniform(0.8, 1.2))
+
     def _watch_loop(self, deliver: Callable[[list[Result]], None]) -> None:
         from gpu_monitor.remediate.kube import KubeError
 
         rv: str | None = None
+        failures = 0
+        last_error = ""
         while not self._stop.is_set():
             try:
                 if rv is None:
-                    page = self.kube.list_custom(GROUP, VERSION, self.namespace, PLURAL,
-                                                 label_selector=self.selector)
+                    page = self._list_page()
+                    if page is None:  # no CRD: said once by _list_page
+                        failures += 1
+                        if self._backoff(failures, CRD_RETRY_MAX_S):
+                            return
+                        continue
+                    failures, last_error = 0, ""
                     rv = (page.get("metadata") or {}).get("resourceVersion") or ""
                     got = self._accept(self._parse_objects(page.get("items") or []))
                     if got:
@@ -337,15 +376,36 @@ class ReportSource:
                         got = self._accept(self._parse_objects([obj]))
                         if got:
                             deliver(got)
+                failures, last_error = 0, ""  # the watch ran to the server's timeout
             except KubeError as err:
                 if err.status == 410:
                     rv = None
                     continue
-                log.warning("watching GPUHealthReports failed: %s; retrying", err)
-                self._stop.wait(5.0)
+                if err.status == 404:  # the CRD went away: list (and say so) again
+                    rv = None
+                    failures += 1
+                    if self._backoff(failures, CRD_RETRY_MAX_S):
+                        return
+                    continue
+                failures += 1
+                last_error = self._watch_failed(str(err), last_error, failures)
+                if self._backoff(failures, WATCH_RETRY_MAX_S):
+                    return
             except Exception as exc:  # noqa: BLE001 - the watch thread must survive
                 if self._stop.is_set():
                     return
-                log.warning("watching GPUHealthReports failed: %s; retrying", exc)
                 rv = None
-                self._stop.wait(5.0)
+                failures += 1
+                last_error = self._watch_failed(f"{type(exc).__name__}: {exc}", last_error,
+                                                failures)
+                if self._backoff(failures, WATCH_RETRY_MAX_S):
+                    return
+
+    @staticmethod
+    def _watch_failed(text: str, last: str, failures: int) -> str:
+        if text != last:
+            log.warning("watching GPUHealthReports failed: %s; retrying with backoff", text)
+        else:
+            log.debug("watching GPUHealthReports still failing (%d attempts): %s", failures,
+                      text)
+        return text

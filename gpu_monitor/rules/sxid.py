@@ -22,22 +22,24 @@ from gpu_monitor.rules import SxidCatalog, SxidInfo, sxid_catalog
 from gpu_monitor.rules.xid import XidParseError
 
 _PCI = r"[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{1,2}:[0-9A-Fa-f]{1,2}(?:\.[0-7])?"
+# Decimal fields are bounded (see rules/xid.py): a run of digits past int()'s 4300-digit limit
+# must not match rather than raise.
 
 # "nvidia-nvswitch0: SXid (PCI:0000:a9:00.0): 20034, Fatal, Link 30 LTSSM Fault Up"
 #     (gpud_history_testliterals_xid94_95_119_sxid_mlx5.txt)
 _SXID_RE = re.compile(
-    r"(?:nvidia-nvswitch(?P<sw>\d+):\s*)?SXid \(?(?:PCI:)?(?P<pci>" + _PCI + r")\)?:"
+    r"(?:nvidia-nvswitch(?P<sw>\d{1,4}):\s*)?SXid \(?(?:PCI:)?(?P<pci>" + _PCI + r")\)?:"
     r"\s*(?P<code>\d{1,6})\b,?\s*(?P<rest>.*)")
 # "20034, Fatal, Link 48 LTSSM Fault Up" / "22013, Non-fatal, Link 57 Minion Link DLREQ interrupt"
 #     (gpud_sxid-readme_dmesg_xid79_sxid20034.log, gpud_testliterals_xid_sxid_nvlink_realistic.txt)
 _HEADER_RE = re.compile(
-    r"(?P<sev>Fatal|Non-fatal|Nonfatal)\s*,?\s*(?:Link\s+(?P<link>-?\d+))?\s*,?\s*(?P<msg>.*)",
+    r"(?P<sev>Fatal|Non-fatal|Nonfatal)\s*,?\s*(?:Link\s+(?P<link>-?\d{1,6})\b)?\s*,?\s*(?P<msg>.*)",
     re.I)
 # "20034, Severity 1 Engine instance 30 Sub-engine instance 00"
 #     (gpud_history_testliterals_xid94_95_119_sxid_mlx5.txt)
 _SEVERITY_RE = re.compile(
-    r"Severity\s+(?P<level>\d+)\s+Engine instance\s+(?P<inst>\d+)"
-    r"(?:\s+Sub-engine instance\s+(?P<sub>\d+))?")
+    r"Severity\s+(?P<level>\d{1,6})\s+Engine instance\s+(?P<inst>\d{1,6})\b"
+    r"(?:\s+Sub-engine instance\s+(?P<sub>\d{1,6})\b)?")
 # "20034, Data {0x50610002, 0x10100030, 0x00000000, ...}" (same file; "}p" junk there is ignored)
 _DATA_RE = re.compile(r"Data\s*\{(?P<words>[^}]*)\}")
 

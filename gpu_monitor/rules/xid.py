@@ -28,6 +28,9 @@ NVLINK5_CODES = range(144, 151)
 RECOVERY_CODE = 154
 
 _PCI = r"[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{1,2}:[0-9A-Fa-f]{1,2}(?:\.[0-7])?"
+# Every decimal field below is bounded: the driver prints 32-bit values (pid, link, GPC, GPU
+# instance), and an unbounded ``\d+`` would hand int() a run of digits past Python's 4300-digit
+# conversion limit (ValueError). A field too long to be real simply does not match.
 
 # "NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 #     (gpud_sxid-readme_dmesg_xid79_sxid20034.log)
@@ -40,7 +43,7 @@ _PCI = r"[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{1,2}:[0-9A-Fa-f]{1,2}(?:\.[0-7])?"
 #     "GPU-I:%02u GPU-CI:%02u" together.
 _XID_RE = re.compile(
     r"NVRM: Xid \(?(?:PCI:)?(?P<pci>" + _PCI + r")"
-    r"(?:[ ,]+GPU-I:\s*(?P<gi>\d+))?(?:[ ,]+GPU-CI:\s*(?P<ci>\d+))?\)?:"
+    r"(?:[ ,]+GPU-I:\s*(?P<gi>\d{1,6}))?(?:[ ,]+GPU-CI:\s*(?P<ci>\d{1,6}))?\)?:"
     r"\s*(?P<code>\d{1,6})\b,?\s*(?P<rest>.*)"
 )
 # An Xid whose address is missing: "NVRM: Xid: 79, ..." / "NVRM: Xid (): 79, ..." (garbage tests).
@@ -49,11 +52,11 @@ _XID_NOPCI_RE = re.compile(r"NVRM: Xid\s*(?:\(\s*\))?:\s*(?P<code>\d{1,6})\b,?\s
 # (no name: gpud_history_testliterals...), "pid=1582259, name=nvc:[driver]" (no message:
 # nvsentinel_testliterals_xid_sxid_realistic.txt), or just the message (issue_Bumblebee677...).
 _REST_RE = re.compile(
-    r"(?:pid=(?P<pid>'?<unknown>'?|\d+)\s*(?:,\s*|$))?"
+    r"(?:pid=(?P<pid>'?<unknown>'?|\d{1,10})\s*(?:,\s*|$))?"
     r"(?:name=(?P<name>[^,]*?)\s*(?:,\s*|$))?(?P<msg>.*)", re.S)
 # "Ch 00000001 caused by previous Xid 149"
 #     (issue_open-gpu-kernel-modules1150_journal-grep_xid45_caused_by_previous_xid145_149.log)
-_CAUSED_BY_RE = re.compile(r"caused by previous Xid (?P<code>\d+)")
+_CAUSED_BY_RE = re.compile(r"caused by previous Xid (?P<code>\d{1,6})\b")
 # "GPU recovery action changed from 0x0 (None) to 0x4 (Drain and Reset)"
 #     (gpud_testliterals_xid_sxid_nvlink_realistic.txt)
 _RECOVERY_RE = re.compile(
@@ -63,14 +66,14 @@ _RECOVERY_RE = re.compile(
 #     odd spacing: gpud_testliterals_xid_sxid_nvlink_realistic.txt); "SAW_MVB Fatal XC0 i0 Link 00
 #     (0x00000001 0x00000002 0x00000000 0x00000000)" (4 words: gpud_testliterals_xid144-150_...)
 _NVLINK5_RE = re.compile(
-    r"(?P<unit>[A-Za-z0-9_/]+)\s+(?P<sev>Fatal|Nonfatal|Non-fatal)\s+XC(?P<xc>\d+)\s+"
-    r"i(?P<inj>\d+)\s+Link\s+(?P<link>-?\d+)\s*\((?P<regs>[^)]*)\)")
+    r"(?P<unit>[A-Za-z0-9_/]+)\s+(?P<sev>Fatal|Nonfatal|Non-fatal)\s+XC(?P<xc>\d{1,6})\s+"
+    r"i(?P<inj>\d{1,6})\s+Link\s+(?P<link>-?\d{1,6})\s*\((?P<regs>[^)]*)\)")
 # "Graphics SM Warp Exception on (GPC 9, TPC 1, SM 1): Out Of Range Address"
 #     (gpud_dmesg-decode-iso_xid13_xid43_oom.log)
-_GPC_RE = re.compile(r"\(GPC (?P<gpc>\d+), TPC (?P<tpc>\d+), SM (?P<sm>\d+)\)")
+_GPC_RE = re.compile(r"\(GPC (?P<gpc>\d{1,6}), TPC (?P<tpc>\d{1,6}), SM (?P<sm>\d{1,6})\)")
 # "NVLink: fatal error detected on link 14(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)"
 #     (nvsentinel_testliterals_xid_sxid_realistic.txt)
-_XID74_RE = re.compile(r"on link (?P<link>\d+)\s*\((?P<regs>[^)]*)\)")
+_XID74_RE = re.compile(r"on link (?P<link>\d{1,6})\s*\((?P<regs>[^)]*)\)")
 # "NVRM: The NVIDIA GPU 0000:b3:00.0\nNVRM: (PCI ID: 10de:26b5) installed in this system has\n
 #     NVRM: fallen off the bus and is not responding to commands." (issue_NVSentinel155_...),
 #     and on one line: "NVRM: The NVIDIA GPU 0000:b3:00.0 fallen off the bus and ..." (nvsentinel_...)

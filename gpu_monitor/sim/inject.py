@@ -83,7 +83,7 @@ class Fault:
 @dataclass(frozen=True)
 class FaultKind:
     name: str
-    target: str  # "gpu", "ib", "nvswitch", "gpu or node"
+    target: str  # "gpu", "ib", "nvswitch", "node", "gpu or node"
     params: tuple[str, ...]
     summary: str
     apply: Callable[[NodeSpec, Fault], None]
@@ -96,10 +96,11 @@ _TARGET_RES = {
     "gpu": re.compile(r"^gpu:\d+$"),
     "ib": re.compile(r"^ib:[A-Za-z0-9_\-]+:\d+$"),
     "nvswitch": re.compile(r"^nvswitch:\d+$"),
+    "node": re.compile(r"^node$"),
     "gpu or node": re.compile(r"^(gpu:\d+|node)$"),
 }
 _TARGET_EXAMPLES = {"gpu": "gpu:3", "ib": "ib:mlx5_0:1", "nvswitch": "nvswitch:0",
-                    "gpu or node": "gpu:3 or node"}
+                    "node": "node", "gpu or node": "gpu:3 or node"}
 
 
 # --- kernel-log lines, in the real NVRM/nvswitch formats ------------------------------------------
@@ -307,6 +308,22 @@ def _ib_bw(spec: NodeSpec, f: Fault) -> None:
     p.loopback_gbit = f.float("gbit")
 
 
+# What ``missing@node`` can take away: the image's tools and runtimes, not hardware.
+MISSING = ("dcgmi", "nv-hostengine", "ib_write_bw", "torch")
+
+
+def _missing(spec: NodeSpec, f: Fault) -> None:
+    what = f.choice("what", MISSING)
+    if what == "dcgmi":
+        spec.dcgmi_installed = False
+    elif what == "nv-hostengine":
+        spec.dcgm_available = False
+    elif what == "ib_write_bw":
+        spec.perftest_available = False
+    else:
+        spec.torch_available = False
+
+
 #: Every error pynvml can raise, by its class name less ``NVMLError_`` (nvml.h's return codes).
 NVML_ERRORS = fake_nvml.ERROR_NAMES
 
@@ -368,6 +385,7 @@ _EXAMPLES = {
     'ib-bw': 'ib-bw@ib:mlx5_1:1,gbit=100',
     'nvml-error': 'nvml-error@gpu:2,call=nvmlDeviceGetTemperature,error=Unknown',
     'gpu-process': 'gpu-process@gpu:0,pid=1234',
+    'missing': 'missing@node,what=dcgmi',
 }
 
 KINDS: dict[str, FaultKind] = {
@@ -416,6 +434,10 @@ KINDS: dict[str, FaultKind] = {
                   "nvmlDeviceGetCount, nvmlSystemGet*", _nvml_error),
         FaultKind("gpu-process", "gpu", ("pid", "name", "mib"),
                   "a foreign process holds the GPU", _gpu_process),
+        FaultKind("missing", "node", ("what",),
+                  "the image lacks a tool or runtime: dcgmi, nv-hostengine (DCGM's host "
+                  "engine not running), ib_write_bw (perftest), torch (the passive image)",
+                  _missing),
     )
 }
 

@@ -10,7 +10,9 @@ renders it:
 - fake ``dcgmi`` / ``ib_write_bw`` executables (sim/tools.py) printing the recorded real formats
   with the simulated values, found first on the command runner's PATH;
 - a fault file read by the simulated device worker (sim/worker.py) for ``slow``,
-  ``wrong-results`` and ``sdc``.
+  ``wrong-results`` and ``sdc``;
+- for ``missing@node,what=torch``, an interpreter without site-packages handed to the workers
+  (``WorkerSettings.python``): the passive image, as the requirement gate and the workers see it.
 
 Faults that unfold over time (``after=``/``for=``) are applied by ``advance(elapsed_s)``, which a
 ticker thread drives from the daemon's clock, so an injected fake clock makes ten minutes pass in
@@ -46,6 +48,8 @@ from gpu_monitor.sim.spec import (
     NvSwitchSpec,
 )
 
+# The kernel release the simulated node's boot records name.
+BOOT_KERNEL = "5.15.0-1053-nvidia"
 # Bus addresses as on a real HGX H100 board (nvidia-smi -q of an 8xH100 node).
 GPU_BUSES = (0x53, 0x64, 0x75, 0x86, 0x97, 0xA8, 0xB9, 0xCA)
 NVSWITCH_BUSES = (0x05, 0x06, 0x07, 0x08)
@@ -135,10 +139,16 @@ class SimulatedNode:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.faults = list(faults)
-        for fault in self.faults:
-            self._schedule(fault)
-        self.paths = self._render()
-        self.advance(0.0)
+        try:
+            for fault in self.faults:
+                self._schedule(fault)
+            self.paths = self._render()
+            self.advance(0.0)
+        except BaseException:
+            # A fault that does not fit this node (or Ctrl-C) must not leave the tree behind:
+            # nobody holds this object to close it.
+            self.close()
+            raise
 
     # --- faults ------------------------------------------------------------------------------
 
@@ -194,7 +204,8 @@ class SimulatedNode:
 
         paths = write_tree(self.root, self.spec)
         os.makedirs(os.path.dirname(self.kmsg_path), exist_ok=True)
-        open(self.kmsg_path, "a").close()
+        if not os.path.exists(self.kmsg_path) or not os.path.getsize(self.kmsg_path):
+            self._write_boot_records()
         os.makedirs(self.bin_dir, exist_ok=True)
         try:
             from gpu_monitor.sim.tools import install_tools
@@ -202,13 +213,30 @@ class SimulatedNode:
             install_tools = None
         if install_tools is not None:
             wanted = []
-            if self.spec.dcgm_available and self.spec.gpus:
+            if self.spec.dcgmi_installed and self.spec.gpus:
                 wanted.append("dcgmi")
             if self.spec.perftest_available and self.spec.ib_ports:
                 wanted.append("ib_write_bw")
             install_tools(self.bin_dir, self.state_file, only=tuple(wanted))
+        if not self.spec.torch_available:
+            self._write_passive_python()
         self._write_state()
         return dataclasses.replace(paths, kmsg=self.kmsg_path)
+
+    @property
+    def passive_python(self) -> str:
+        return os.path.join(self.root, "opt", "passive-image", "bin", "python3")
+
+    def _write_passive_python(self) -> None:
+        """The passive image's interpreter: this Python without its site-packages, so torch
+        cannot be imported (nothing is uninstalled; the workers are handed this interpreter
+        through ``WorkerSettings.python``, the seam the requirement gate asks)."""
+        import sys
+
+        os.makedirs(os.path.dirname(self.passive_python), exist_ok=True)
+        with open(self.passive_python, "w") as fh:
+            fh.write(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
+        os.chmod(self.passive_python, 0o755)
 
     def _write_state(self) -> None:
         """The JSON the fake tools and the simulated device worker read."""
@@ -236,6 +264,16 @@ class SimulatedNode:
         with open(tmp, "w") as fh:
             json.dump(state, fh, indent=1)
         os.replace(tmp, self.state_file)
+
+    def _write_boot_records(self) -> None:
+        """The first records of a real ring: the kernel's banner and its command line. A real
+        kernel log is never empty, and a scan of an empty one reads nothing (``KmsgEmpty``).
+        Their sequence numbers are 0 and 1; fault records start at 1001."""
+        lines = [(5, f"Linux version {BOOT_KERNEL} (sim@{self.spec.hostname}) #1 SMP"),
+                 (6, f"Command line: BOOT_IMAGE=/boot/vmlinuz-{BOOT_KERNEL} ro quiet")]
+        with open(self.kmsg_path, "w") as fh:
+            for seq, (priority, message) in enumerate(lines):
+                fh.write(f"{priority},{seq},0,-;{message}\n")
 
     def _append_kmsg(self, message: str, priority: int, at_s: float) -> None:
         self._seq += 1
@@ -349,6 +387,7 @@ class SimulatedNode:
                 env={"GPU_MONITOR_SIM_STATE": self.state_file},
                 fault_file=self.state_file,
                 device_count=len([g for g in self.spec.gpus if not g.missing]),
+                python=None if self.spec.torch_available else self.passive_python,
             ),
             description=f"simulated:{self.spec.profile}",
         )

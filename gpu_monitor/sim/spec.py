@@ -153,8 +153,10 @@ class NodeSpec:
     kmsg_lines: list[TimedLine] = field(default_factory=list)
     boot_id: str = "6f0c2b1e-8a5d-4c1f-9e7a-2d3b4c5d6e7f"
     uptime_s: float = 86400.0
-    dcgm_available: bool = True
+    dcgm_available: bool = True  # the DCGM host engine answers dcgmi
+    dcgmi_installed: bool = True  # the dcgmi executable is in the image
     perftest_available: bool = True
+    torch_available: bool = True  # the workers' interpreter has torch (False: the passive image)
     fabric_manager_running: bool = True
 
     def gpu(self, index: int) -> GpuSpec:

@@ -202,6 +202,9 @@ def parse_test_faults(text: str, label: str) -> list[TestFault]:
 
 
 _LIVE_GROUPS: set[int] = set()
+# The temporary directories of runs still in progress. A run abandoned in its check's thread
+# (Ctrl-C or SIGTERM in the main thread, which then exits) never reaches its ``finally``.
+_LIVE_DIRS: set[str] = set()
 _LIVE_LOCK = threading.Lock()
 
 
@@ -216,8 +219,11 @@ def _kill_group(pid: int) -> None:
 def _kill_leftovers() -> None:  # pragma: no cover - exercised only when a caller is killed
     with _LIVE_LOCK:
         pids = list(_LIVE_GROUPS)
+        dirs = list(_LIVE_DIRS)
     for pid in pids:
         _kill_group(pid)
+    for path in dirs:
+        _rmtree(path)
 
 
 def _signal_name(num: int) -> str:
@@ -492,7 +498,7 @@ class WorkerPool:
                  poll_s: float = 0.01, sequential: bool | None = None,
                  sequential_rounds: int = 3, fork_server: bool | None = None):
         self.settings = settings or WorkerSettings()
-        self.python = python or sys.executable
+        self.python = python or self.settings.python or sys.executable
         self.poll_s = poll_s
         # CPU workers fork from a per-run server that imported torch once; CUDA workers are
         # fresh interpreters (no CUDA state can leak through a fork).
@@ -556,6 +562,8 @@ class WorkerPool:
             setup_timeout_s = min(setup_timeout_s, budget_s / 3)
             timeout_s = min(timeout_s, (budget_s - setup_timeout_s) / (turns + 1))
         tmp = tempfile.mkdtemp(prefix="gpu-monitor-workers-")
+        with _LIVE_LOCK:
+            _LIVE_DIRS.add(tmp)
         rendezvous = os.path.join(tmp, "rendezvous")
         rounds = 1 if gang else (self.rounds if rounds is None else max(1, int(rounds)))
         env = self.environment(*sorted({t.function for t in tasks}))
@@ -598,6 +606,8 @@ class WorkerPool:
             if server is not None:
                 server.close()
             _rmtree(tmp)
+            with _LIVE_LOCK:
+                _LIVE_DIRS.discard(tmp)
 
     def _spawn(self, task: Task, payload: dict[str, Any], tmp: str, rank: int,
                env: Mapping[str, str], server: _ForkServer | None) -> _Worker:

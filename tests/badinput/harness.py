@@ -29,8 +29,8 @@ NOT_OK = frozenset({"unknown", "failed"})
 
 @dataclass(frozen=True)
 class Case:
-    """One bad input. ``argv`` may hold ``{tmp}``, replaced by the test's temporary directory;
-    ``setup(tmp)`` writes the garbled files there before the run."""
+    """One bad input. ``argv`` and ``mentions`` may hold ``{tmp}``, replaced by the test's
+    temporary directory; ``setup(tmp)`` writes the garbled files there before the run."""
 
     id: str
     argv: tuple[str, ...]
@@ -65,6 +65,7 @@ def run_case(case: Case, tmp: Path, capsys, caplog) -> dict | None:
     if case.setup is not None:
         case.setup(tmp)
     argv = [a.replace("{tmp}", str(tmp)) for a in case.argv]
+    mentions = [m.replace("{tmp}", str(tmp)) for m in case.mentions]
     if not case.is_config and "-o" not in argv and "--output" not in argv:
         argv += ["-o", "json"]
     rc = main(argv)
@@ -76,7 +77,7 @@ def run_case(case: Case, tmp: Path, capsys, caplog) -> dict | None:
     assert rc in case.exits, f"{case.id}: exit {rc}, expected {sorted(case.exits)}\n{err[-2000:]}"
     if case.is_config:
         assert "gpu-monitor: error:" in err, f"{case.id}: no usage error on stderr: {err!r}"
-        for word in case.mentions:
+        for word in mentions:
             assert word in err, f"{case.id}: the error does not name {word!r}: {err!r}"
         return None
     report = json.loads(out)
@@ -89,6 +90,6 @@ def run_case(case: Case, tmp: Path, capsys, caplog) -> dict | None:
     bad = [r for r in mine if r["status"] not in case.statuses]
     assert not bad, f"{case.id}: {case.target} reported {[r['status'] for r in bad]}: {bad}"
     said = _text([(r["message"], r["details"]) for r in mine])
-    for word in case.mentions:
+    for word in mentions:
         assert word in said, f"{case.id}: the result does not name {word!r}: {said}"
     return report

@@ -3,6 +3,7 @@ readers over the simulated node (sysfs NVSwitch functions, FakeNvml) and procfs 
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import pytest
@@ -17,6 +18,7 @@ from gpu_monitor.sim.inject import parse as fault
 from gpu_monitor.sim.node import SimulatedNode
 from gpu_monitor.sim.spec import FABRIC_STATE_IN_PROGRESS
 from gpu_monitor.state import Store
+from tests.hw.kmsg_shapes import PATH_SHAPES, deny_open, make_log_path, unreadable_needs_faking
 
 H100 = load_profile("h100-sxm-8")
 CPU_ONLY = load_profile("cpu-only")
@@ -196,6 +198,45 @@ def test_injected_sxid_on_the_simulated_node_reaches_the_check(fake_clock):
         assert scanned["nvswitch:0"].reason == "SXid20034"
     finally:
         s.close()
+
+
+# --- a log nobody read -------------------------------------------------------------------------
+
+
+def _with_log(sim: Sim, path) -> None:
+    sim.host.paths = dataclasses.replace(sim.node.paths, kmsg=str(path))
+
+
+@pytest.mark.parametrize("shape", list(PATH_SHAPES))
+def test_a_log_nobody_read_makes_every_switch_unknown_never_ok(sim, tmp_path, monkeypatch, shape):
+    path = make_log_path(tmp_path, shape)
+    if shape == "unreadable" and unreadable_needs_faking():
+        deny_open(monkeypatch, path)
+    _with_log(sim, path)
+    results = by_target(NvSwitch().run(sim.ctx()))
+    for i in range(4):
+        r = results[f"nvswitch:{i}"]
+        assert (r.status, r.reason) == (Status.UNKNOWN, "KmsgReadError")
+        assert str(path) in r.message and PATH_SHAPES[shape] in r.message
+        assert r.details["pci_bus_id"] == f"0000:0{5 + i}:00.0"
+    # What does not come from the kernel log is still read and judged.
+    assert (results["gpu:0"].status, results["node"].status) == (Status.OK, Status.OK)
+
+
+def test_without_switches_the_node_carries_the_read_error(fake_clock, tmp_path):
+    s = Sim(fake_clock, profile=CPU_ONLY, fabric_manager=False)
+    try:
+        _with_log(s, tmp_path / "missing.log")
+        [r] = NvSwitch().run(s.ctx())
+        assert (r.target, r.status, r.reason) == ("node", Status.UNKNOWN, "KmsgReadError")
+        assert "missing.log" in r.message
+    finally:
+        s.close()
+
+
+def test_switches_are_ok_after_reading_the_simulated_boot_records(sim):
+    results = by_target(NvSwitch().run(sim.ctx()))
+    assert [results[f"nvswitch:{i}"].status for i in range(4)] == [Status.OK] * 4
 
 
 # --- fabric state -----------------------------------------------------------------------------

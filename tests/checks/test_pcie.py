@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from cuda_helpers import cuda_count
+from cuda_helpers import claim_cuda_torch, cuda_count
 
 import checks.pcie as pcie_check
 from checks.pcie import Pcie
@@ -78,10 +78,43 @@ def test_copy_bandwidth_is_skipped_not_faked_without_cuda(node):
     assert r.details["h2d_floor_gb_per_s"] == 0.05  # the simulation block's floor
 
 
+@pytest.fixture
+def cuda_torch(fixtures_dir, tmp_path):
+    """Makes a host's workers see a CUDA build of torch (recorded version file)."""
+    version = fixtures_dir / "torch_version" / "torch-2.7.1-700_cuda12.9_version.txt"
+    return lambda host: claim_cuda_torch(host, tmp_path / "site", version)
+
+
+def test_a_torch_without_cuda_on_cuda_workers_is_a_missing_requirement(node):
+    _, ctx = node()
+    ctx.host.worker.device_type = "cuda"
+    if not ctx.host.torch_runtime().cpu_only:
+        pytest.skip("this interpreter's torch is built for CUDA")
+    res = run(ctx)
+    r = res["node"]
+    assert (r.status, r.reason) == (Status.SKIPPED, "RequirementMissing")
+    assert "without CUDA" in r.message and r.details["requirement"] == "torch"
+    assert "h2d_gb_per_s" not in res["gpu:0"].details
+    # In a bootstrap the copy test is required: not measured is not a pass.
+    (b,) = [x for x in run_check(Pcie(), ctx, bootstrap=True).results if x.target == "node"]
+    assert (b.status, b.reason) == (Status.UNKNOWN, "RequirementMissing")
+    assert "required for the bootstrap" in b.message
+
+
+def test_the_passive_image_leaves_the_copy_test_unmeasured_naming_torch(node):
+    _, ctx = node("missing@node,what=torch")
+    ctx.host.worker.device_type = "cuda"
+    r = run(ctx)["node"]
+    assert (r.status, r.reason) == (Status.SKIPPED, "RequirementMissing")
+    assert "torch is not installed" in r.message
+
+
 @pytest.mark.skipif(cuda_count() > 0, reason="CUDA is available here")
 def test_copy_worker_without_cuda_is_unknown_never_ok(node):
     _, ctx = node()
     ctx.host.worker.device_type = "cuda"
+    if ctx.host.torch_runtime().cpu_only:
+        pytest.skip("this torch has no CUDA: the requirement gate stops it (test above)")
     res = run(ctx)
     r = res["node"]
     assert (r.status, r.reason) == (Status.UNKNOWN, "WorkerCrashed")
@@ -89,9 +122,9 @@ def test_copy_worker_without_cuda_is_unknown_never_ok(node):
     assert "h2d_gb_per_s" not in res["gpu:0"].details
 
 
-def test_copy_test_is_skipped_while_a_gpu_is_in_use(node):
+def test_copy_test_is_skipped_while_a_gpu_is_in_use(node, cuda_torch):
     _, ctx = node("gpu-process@gpu:3,pid=4242,name=trainer")
-    ctx.host.worker.device_type = "cuda"
+    cuda_torch(ctx.host)
     r = run(ctx)["node"]
     assert (r.status, r.reason) == (Status.SKIPPED, "CopyTestSkipped")
     assert "pid 4242" in r.message and "gpu:3" in r.message
@@ -128,9 +161,9 @@ def copy(index, h2d, d2h, mismatches=0):
             "mismatches": mismatches}
 
 
-def test_copy_bandwidth_against_the_floors(node, monkeypatch):
+def test_copy_bandwidth_against_the_floors(node, monkeypatch, cuda_torch):
     _, ctx = node()
-    ctx.host.worker.device_type = "cuda"
+    cuda_torch(ctx.host)
     FakePool.copies = [copy(0, 20.0, 20.0), copy(1, 0.01, 20.0), copy(2, 20.0, 0.051),
                        copy(3, 20.0, 20.0, mismatches=7)] + [copy(i, 9, 9) for i in range(4, 8)]
     monkeypatch.setattr(pcie_check, "WorkerPool", FakePool)
@@ -323,9 +356,9 @@ def test_pinned_copies_on_real_gpus_are_measured_and_verified():
     assert not [r for r in outcome.results if r.reason in ("WorkerCrashed", "WorkerTimeout")]
 
 
-def test_a_hung_copy_worker_is_unknown_naming_where_it_hung(node, monkeypatch):
+def test_a_hung_copy_worker_is_unknown_naming_where_it_hung(node, monkeypatch, cuda_torch):
     _, ctx = node()
-    ctx.host.worker.device_type = "cuda"
+    cuda_torch(ctx.host)
 
     class HungPool(FakePool):
         def run(self, tasks, **kw):

@@ -3,6 +3,7 @@ the simulated node, and the real kernel-log fixtures."""
 
 from __future__ import annotations
 
+import errno
 from collections import Counter
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from gpu_monitor.check import Context
 from gpu_monitor.config import DEFAULT_CONFIG
 from gpu_monitor.host import Host
 from gpu_monitor.hw.command import CommandRunner
-from gpu_monitor.hw.kmsg import iter_file, parse_text_line
+from gpu_monitor.hw.kmsg import KmsgDeviceSource, iter_file, parse_text_line
 from gpu_monitor.hw.nvml import NvmlReader
 from gpu_monitor.hw.paths import HostPaths
 from gpu_monitor.hw.procfs import ProcfsReader
@@ -25,6 +26,7 @@ from gpu_monitor.sim.fake_nvml import FakeNvml
 from gpu_monitor.sim.inject import parse as fault
 from gpu_monitor.sim.node import SimulatedNode, build_spec
 from gpu_monitor.state import Store
+from tests.hw.kmsg_shapes import PATH_SHAPES, deny_open, make_log_path, unreadable_needs_faking
 
 PROFILE = load_profile("h100-sxm-8")
 # build_spec puts the 8 GPUs at the buses of a real HGX H100 board: 53 64 75 86 97 a8 b9 ca.
@@ -399,10 +401,110 @@ def test_binary_file_through_run(tmp_path, fake_clock):
     assert sum(r.reason == "Ok" for r in results) == 7
 
 
-def test_unreadable_kernel_log_is_unknown(tmp_path, fake_clock):
+# --- a log nobody read -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", list(PATH_SHAPES))
+def test_a_log_nobody_read_makes_every_gpu_unknown_never_ok(tmp_path, fake_clock, monkeypatch,
+                                                            shape):
+    path = make_log_path(tmp_path, shape)
+    if shape == "unreadable" and unreadable_needs_faking():
+        deny_open(monkeypatch, path)
+    results = Xid().run(Node(tmp_path, fake_clock, kmsg=str(path)).ctx())
+    assert [(r.target, r.status, r.reason) for r in results] == [
+        (f"gpu:{i}", Status.UNKNOWN, "KmsgReadError") for i in range(8)]
+    for r in results:
+        assert str(path) in r.message and PATH_SHAPES[shape] in r.message
+        assert r.details["path"] == str(path) and PATH_SHAPES[shape] in r.details["error"]
+
+
+@pytest.mark.skipif(unreadable_needs_faking(), reason="root reads mode-000 files anyway; the "
+                    "monkeypatched case above covers it")
+def test_a_mode_000_log_is_unknown_for_a_reader_without_root(tmp_path, fake_clock):
+    path = make_log_path(tmp_path, "unreadable")
+    results = Xid().run(Node(tmp_path, fake_clock, kmsg=str(path)).ctx())
+    assert {(r.status, r.reason) for r in results} == {(Status.UNKNOWN, "KmsgReadError")}
+
+
+def test_without_gpus_the_node_carries_the_read_error(tmp_path, fake_clock):
     n = Node(tmp_path, fake_clock, kmsg=str(tmp_path / "missing.log"))
-    [r] = [r for r in Xid().run(n.ctx()) if r.target == "node"]
-    assert (r.status, r.reason) == (Status.UNKNOWN, "KmsgReadError")
+    n.spec.nvml_library_missing = True
+    n.host.nvml = NvmlReader(FakeNvml(n.spec))
+    [r] = Xid().run(n.ctx())
+    assert (r.target, r.status, r.reason) == ("node", Status.UNKNOWN, "KmsgReadError")
+    assert "missing.log" in r.message and "No such file or directory" in r.message
+
+
+class ScriptedDevice:
+    """/dev/kmsg through its read(2) semantics: one record per read, then what the script
+    says (an OSError, any exception), then EAGAIN."""
+
+    def __init__(self, *script):
+        self.script = list(script)
+
+    def read(self, size):
+        if not self.script:
+            raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+        item = self.script.pop(0)
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def seek_end(self):
+        self.script.clear()
+
+    def fileno(self):
+        return -1
+
+    def close(self):
+        pass
+
+
+def _device_node(tmp_path, fake_clock, monkeypatch, *script) -> Node:
+    n = Node(tmp_path, fake_clock, kmsg=None)
+    monkeypatch.setattr(n.host, "open_kmsg", lambda replay=True: KmsgDeviceSource(
+        n.paths.kmsg_path, replay=replay, reader=ScriptedDevice(*script)))
+    return n
+
+
+def test_an_io_error_part_way_keeps_the_events_read_and_says_unknown_for_the_rest(
+        tmp_path, fake_clock, monkeypatch):
+    recent = xid_line(48).replace(",1000,", ",86390000000,")  # 10 s before "now" (uptime)
+    n = _device_node(tmp_path, fake_clock, monkeypatch, (recent + "\n").encode(),
+                     OSError(errno.EIO, "Input/output error"))
+    results = {r.target: r for r in Xid().run(n.ctx())}
+    assert (results["gpu:3"].status, results["gpu:3"].reason) == (Status.FAILED, "Xid48")
+    others = [results[f"gpu:{i}"] for i in range(8) if i != 3]
+    assert {(r.status, r.reason) for r in others} == {(Status.UNKNOWN, "KmsgReadError")}
+    assert all("Input/output error" in r.message and n.paths.kmsg_path in r.message
+               for r in others)
+
+
+def test_a_reader_that_crashes_is_unknown_not_a_crashed_check(tmp_path, fake_clock, monkeypatch):
+    n = _device_node(tmp_path, fake_clock, monkeypatch, RuntimeError("reader bug"))
+    results = Xid().run(n.ctx())
+    assert {(r.status, r.reason) for r in results} == {(Status.UNKNOWN, "KmsgReadError")}
+    assert "RuntimeError: reader bug" in results[0].message
+
+
+def test_a_device_that_returns_no_record_proves_nothing(tmp_path, fake_clock, monkeypatch):
+    n = _device_node(tmp_path, fake_clock, monkeypatch)
+    results = Xid().run(n.ctx())
+    assert {(r.status, r.reason) for r in results} == {(Status.UNKNOWN, "KmsgReadError")}
+    assert "no record" in results[0].message
+
+
+def test_the_healthy_simulated_node_is_ok_after_reading_its_boot_records(fake_clock):
+    sim = SimulatedNode(PROFILE)
+    host = sim.host()
+    try:
+        ctx = Context(host=host, profile=PROFILE, config=DEFAULT_CONFIG, clock=fake_clock)
+        results = Xid().run(ctx)
+        assert [(r.target, r.status) for r in results] == [(f"gpu:{i}", Status.OK)
+                                                           for i in range(8)]
+        assert results[0].details["lines_scanned"] == 2
+    finally:
+        host.close()
 
 
 # --- one-shot scans of the real fixtures -----------------------------------------------------

@@ -133,3 +133,46 @@ def test_json_log_format_emits_json_lines(capsys, tmp_path):
     for ln in lines:
         rec = json.loads(ln)
         assert {"ts", "level", "logger", "msg"} <= set(rec)
+
+
+def test_kmsg_with_simulate_replays_a_saved_log_on_the_profile(capsys, fixtures_dir):
+    log = fixtures_dir / "xid_kmsg" / "gpud_history_testliterals_xid94_95_119_sxid_mlx5.txt"
+    code, out, _ = run(capsys, "check", "nvswitch", "--simulate", "h100-sxm-8", "--kmsg",
+                       str(log), "-o", "json", "--log-level", "error")
+    results = json.loads(out)["results"]
+    assert code == 1
+    assert {(r["target"], r["reason"]) for r in results if r["status"] == "failed"} == {
+        ("nvswitch:0", "SXid20034")}
+    assert {r["target"] for r in results if r["reason"] == "Ok"} >= {"nvswitch:1", "nvswitch:3"}
+
+
+def test_kmsg_with_simulate_that_cannot_be_read_is_unknown(capsys, tmp_path):
+    code, out, _ = run(capsys, "check", "xid", "--simulate", "h100-sxm-8", "--kmsg",
+                       str(tmp_path / "gone.log"), "-o", "json", "--log-level", "error")
+    results = json.loads(out)["results"]
+    assert code == 3
+    assert {(r["status"], r["reason"]) for r in results} == {("unknown", "KmsgReadError")}
+    assert len(results) == 8 and "gone.log" in results[0]["message"]
+
+
+def test_list_checks_refuses_a_bad_profile_file_instead_of_ignoring_it(capsys, tmp_path):
+    bad = tmp_path / "b200.yaml"
+    bad.write_text("schema: 1\nname: b200\n")
+    code, out, err = run(capsys, "list-checks", "--profile", str(bad))
+    assert code == 2 and out == ""
+    assert f"profile {bad}: gpu: required key is missing" in err
+
+
+def test_list_checks_refuses_unknown_check_names_in_the_config(capsys, tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("disabled_checks: [xdi]\n")
+    code, _, err = run(capsys, "list-checks", "--config", str(cfg))
+    assert code == 2
+    assert "disabled_checks[0]: unknown check 'xdi' (did you mean 'xid'?)" in err
+
+
+def test_list_checks_applies_the_configs_overrides_to_the_profile(capsys, tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("profile_overrides: {nccl: {sweep_min_bytes: 4294967296}}\n")
+    code, _, err = run(capsys, "list-checks", "--config", str(cfg), "--profile", "h100-sxm-8")
+    assert code == 2 and "profile_overrides.nccl.sweep_min_bytes" in err

@@ -47,13 +47,18 @@ class _Procfs:
 class StubHost:
     """Stands in for Host in runner tests: only the requirement gate and NVML process list."""
 
-    def __init__(self, unmet="", nvml=None):
+    def __init__(self, unmet="", nvml=None, missing=True):
         self._unmet = unmet
+        self._missing = missing
         self.nvml = nvml or _Nvml()
         self.procfs = _Procfs()
 
-    def unmet(self, requires, ctx=None, invasive=False):
-        return self._unmet if requires else ""
+    def requirement_gap(self, requires, ctx=None):
+        from gpu_monitor.host import Unmet
+
+        if not (requires and self._unmet):
+            return None
+        return Unmet(sorted(requires)[0], self._unmet, self._missing)
 
     def gpu_holders(self, own_pids=()):
         from gpu_monitor.host import Host
@@ -211,6 +216,105 @@ def test_invasive_check_skipped_on_mig_gpus():
     host = StubHost(nvml=_Nvml([_Gpu(0), _Gpu(1)], mig={0}))
     (r,) = run_check(Invasive(), ctx(host)).results
     assert r.status is Status.SKIPPED and r.reason == "MigEnabled" and r.target == "gpu:0"
+
+
+# --- bootstrap mode: a required check that cannot run is not a pass --------------------------
+
+
+class RequiredDcgm(NeedsDcgm):
+    name = "required_dcgm"
+    required = True
+
+
+class NoEngine(Check):
+    """Runs, and finds its tool's service missing (dcgm_diag without a host engine)."""
+
+    name = "no_engine"
+    kinds = frozenset({Kind.BOOTSTRAP})
+    required = True
+    reasons = ("EngineDown", "NotHere")
+    unavailable_reasons = ("EngineDown",)
+
+    def run(self, c):
+        return [self.result(c, Status.SKIPPED, "node", "EngineDown", "no host engine"),
+                self.result(c, Status.SKIPPED, "gpu:0", "NotHere", "not applicable")]
+
+
+class _Settings:
+    """A profile or config whose ``checks.<name>.required`` is set."""
+
+    name = "test"
+
+    def __init__(self, required=None):
+        self.required = required or {}
+
+    def check_setting(self, check, key):
+        return self.required.get(check) if key == "required" else None
+
+
+def test_bootstrap_makes_a_missing_tool_of_a_required_check_unknown_naming_it():
+    out = run_check(RequiredDcgm(), ctx(StubHost(unmet="DCGM not installed (dcgmi ...)")),
+                    bootstrap=True)
+    (r,) = out.results
+    assert (r.status, r.reason) == (Status.UNKNOWN, "RequirementMissing")
+    assert "required for the bootstrap" in r.message and "dcgmi" in r.message
+    assert r.details["requirement"] == "dcgm" and r.details["required"] is True
+    assert not out.success
+
+
+def test_outside_a_bootstrap_a_missing_tool_is_still_skipped():
+    (r,) = run_check(RequiredDcgm(), ctx(StubHost(unmet="DCGM not installed"))).results
+    assert (r.status, r.reason) == (Status.SKIPPED, "RequirementMissing")
+
+
+def test_a_not_applicable_requirement_is_skipped_even_when_required():
+    host = StubHost(unmet="no NVIDIA GPU on this node", missing=False)
+    (r,) = run_check(RequiredDcgm(), ctx(host), bootstrap=True).results
+    assert (r.status, r.reason) == (Status.SKIPPED, "RequirementMissing")
+    assert r.details["not_applicable"] is True
+
+
+def test_a_check_not_required_by_declaration_is_skipped_in_a_bootstrap():
+    (r,) = run_check(NeedsDcgm(), ctx(StubHost(unmet="DCGM not installed")),
+                     bootstrap=True).results
+    assert r.status is Status.SKIPPED
+
+
+@pytest.mark.parametrize("where", ["profile", "config"])
+def test_profile_or_config_may_make_a_declared_requirement_optional(where):
+    c = ctx(StubHost(unmet="DCGM not installed"))
+    setattr(c, where, _Settings({"required_dcgm": False}))
+    (r,) = run_check(RequiredDcgm(), c, bootstrap=True).results
+    assert r.status is Status.SKIPPED
+    c = ctx(StubHost(unmet="DCGM not installed"))
+    c.profile = _Settings({"needs_dcgm": True})
+    (r,) = run_check(NeedsDcgm(), c, bootstrap=True).results
+    assert r.status is Status.UNKNOWN
+
+
+def test_a_required_checks_own_unavailable_skip_is_unknown_in_a_bootstrap():
+    res = {r.target: r for r in run_check(NoEngine(), ctx(), bootstrap=True).results}
+    assert (res["node"].status, res["node"].reason) == (Status.UNKNOWN, "EngineDown")
+    assert "required for the bootstrap" in res["node"].message
+    assert res["gpu:0"].status is Status.SKIPPED  # a reason not declared unavailable stays
+    plain = {r.target: r for r in run_check(NoEngine(), ctx()).results}
+    assert plain["node"].status is Status.SKIPPED
+
+
+def test_a_config_disabled_check_is_reported_skipped_not_run_and_the_rest_decides():
+    outcomes, report = run_suite([Crashes(), Good()], ctx(), bootstrap=True,
+                                 disabled={"crashes": "checks.crashes.enabled: false"})
+    assert [o.check for o in outcomes] == ["crashes", "good"]
+    (r,) = outcomes[0].results
+    assert (r.status, r.reason) == (Status.SKIPPED, "DisabledByConfig")
+    assert "disabled by config" in r.message and "checks.crashes.enabled" in r.message
+    assert report.verdict.value == "healthy"
+
+
+def test_the_bootstrap_suite_verdict_is_unknown_when_a_required_tool_is_missing():
+    _, report = run_suite([Good(), RequiredDcgm()], ctx(StubHost(unmet="DCGM not installed")),
+                          bootstrap=True)
+    assert report.verdict.value == "unknown" and report.exit_code == 3
 
 
 # --- the invasive gate over the real NVML reader (the simulated node's fake pynvml) -------------

@@ -108,6 +108,8 @@ def test_replayed_ring_buffer_is_deduplicated_by_boot_and_sequence(sim_env):
     # high-water mark of this boot are skipped. (Forget the file position to get that replay.)
     node, ctx = sim_env()
     path = ctx.host.paths.kmsg_path
+    with open(path) as fh:
+        boot_records = len(fh.readlines())  # the simulated node's own boot records
     for seq in (10, 11, 12):
         append_kmsg(path, seq, f"NVRM: line {seq}")
     d = Daemon([KmsgCounter()], ctx)
@@ -119,7 +121,7 @@ def test_replayed_ring_buffer_is_deduplicated_by_boot_and_sequence(sim_env):
     d2 = Daemon([check], ctx)
     d2.open_kmsg()
     assert check.seen == [13]
-    assert d2.stats.kmsg_skipped_replay == 3
+    assert d2.stats.kmsg_skipped_replay == boot_records + 3
     d2.shutdown()
 
 
@@ -184,6 +186,33 @@ def test_missing_kernel_log_reports_unknown_and_keeps_running(sim_env, tmp_path)
     assert d.replayed.is_set()
     assert d.tick(wait=True)[0].check == "fast_check"
     d.shutdown()
+
+
+def test_while_the_kernel_log_cannot_be_read_no_gpu_or_switch_is_ok_about_it(sim_env, tmp_path):
+    import dataclasses
+
+    from checks.nvswitch import NvSwitch
+    from checks.xid import Xid
+
+    _, ctx = sim_env()
+    missing = str(tmp_path / "absent" / "kmsg")
+    ctx.host.paths = dataclasses.replace(ctx.host.paths, kmsg=missing)
+    d = Daemon([Xid(), NvSwitch()], ctx)
+    try:
+        d.open_kmsg()
+        d.tick(wait=True)
+        latest = [r for r in ctx.store.latest_results() if r.check in ("xid", "nvswitch")]
+        # What the log would have told: XIDs per GPU, SXids per switch (the switches' fabric
+        # registration, read from NVML, is not the log's to tell).
+        per_target = [r for r in latest if (r.check, r.target.split(":")[0]) in
+                      {("xid", "gpu"), ("nvswitch", "nvswitch")}]
+        assert {r.target for r in per_target if r.check == "xid"} == {f"gpu:{i}" for i in range(8)}
+        assert any(r.check == "nvswitch" for r in per_target)
+        for r in per_target:
+            assert r.status is Status.UNKNOWN and r.reason == "KmsgReadError", r
+            assert missing in r.message
+    finally:
+        d.shutdown()
 
 
 def test_slow_check_does_not_starve_fast_one_and_never_runs_twice(sim_env):

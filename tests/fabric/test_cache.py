@@ -4,23 +4,13 @@ again; an outage makes the cache say nothing rather than something stale."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from gpu_monitor.fabric.cache import ListWatchCache
 from gpu_monitor.fabric.scheduler import FabricScheduler, SchedulerSettings
+from tests.waiting import eventually
 
 RACK = "topology.kubernetes.io/rack"
-
-
-def wait_for(cond, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.02)
-    raise AssertionError("condition not met")
 
 
 def names(items):
@@ -47,27 +37,27 @@ def test_one_list_then_every_change_by_watch(fake_api, fabric_api, pods_cache):
     fake_api.add_pod("ml", "done", node="n1", phase="Succeeded")
     assert pods_cache.items() is None  # not listed yet: the caller must list for itself
     pods_cache.start()
-    wait_for(lambda: names(pods_cache.items()) == ["a"])
+    eventually(lambda: names(pods_cache.items()) == ["a"])
     fake_api.add_pod("ml", "b", node="n1", gpus=8)
-    wait_for(lambda: names(pods_cache.items()) == ["a", "b"])
+    eventually(lambda: names(pods_cache.items()) == ["a", "b"])
     core = client.CoreV1Api(fabric_api.kube.api_client)
     core.patch_namespaced_pod_status("a", "ml", {"status": {"phase": "Succeeded"}})
-    wait_for(lambda: names(pods_cache.items()) == ["b"])  # finished: out of the field selector
+    eventually(lambda: names(pods_cache.items()) == ["b"])  # finished: out of the field selector
     core.delete_namespaced_pod("b", "ml", grace_period_seconds=0)
-    wait_for(lambda: names(pods_cache.items()) == [])
+    eventually(lambda: names(pods_cache.items()) == [])
     assert pods_cache.lists == 1 and len(pod_lists(fake_api)) == 1
     assert pods_cache.events >= 3
 
 
 def test_compacted_history_lists_again(fake_api, fabric_api, pods_cache):
     pods_cache.start()
-    wait_for(lambda: pods_cache.items() == [])
+    eventually(lambda: pods_cache.items() == [])
     fake_api.inject(None, "/api/v1/pods", status=503, times=None)
-    wait_for(lambda: pods_cache.errors >= 1, timeout=15)  # the stream ended, cannot resume
+    eventually(lambda: pods_cache.errors >= 1, timeout=15)  # the stream ended, cannot resume
     fake_api.add_pod("ml", "c", node="n0")  # missed while away ...
     fake_api.compact()  # ... and no longer in the history a watch could resume from
     fake_api.clear_faults()
-    wait_for(lambda: pods_cache.lists >= 2 and names(pods_cache.items()) == ["c"])
+    eventually(lambda: pods_cache.lists >= 2 and names(pods_cache.items()) == ["c"])
 
 
 def test_an_outage_makes_the_cache_answer_none_not_stale_data(fake_api, fabric_api):
@@ -78,15 +68,15 @@ def test_an_outage_makes_the_cache_answer_none_not_stale_data(fake_api, fabric_a
     try:
         fake_api.add_pod("ml", "a", node="n0")
         cache.start()
-        wait_for(lambda: names(cache.items()) == ["a"])
+        eventually(lambda: names(cache.items()) == ["a"])
         fake_api.inject(None, "/api/v1/pods", status=503, times=None)
-        wait_for(lambda: cache.errors >= 1)  # the watch cannot resume
+        eventually(lambda: cache.errors >= 1)  # the watch cannot resume
         assert names(cache.items()) == ["a"]  # recent contact: still trusted
         now[0] += 31.0
         assert cache.items() is None  # out of contact too long: the caller lists (and fails)
         fake_api.clear_faults()
         fake_api.add_pod("ml", "b", node="n0")
-        wait_for(lambda: names(cache.items()) == ["a", "b"])  # resumed from its resourceVersion
+        eventually(lambda: names(cache.items()) == ["a", "b"])  # resumed from its resourceVersion
     finally:
         cache.stop()
 
@@ -103,7 +93,7 @@ def test_the_running_scheduler_lists_once_and_still_sees_a_workload_arrive(
     sched = FabricScheduler(fabric_api, settings, template=template, always_lead=True)
     sched.start_caches()
     try:
-        wait_for(lambda: all(c.synced for c in sched.caches.values()))
+        eventually(lambda: all(c.synced for c in sched.caches.values()))
         fake_api.clear_requests()
         for _ in range(10):
             sched.tick()
@@ -113,7 +103,7 @@ def test_the_running_scheduler_lists_once_and_still_sees_a_workload_arrive(
 
         client.CoreV1Api(fabric_api.kube.api_client).delete_namespaced_pod(
             "trainer", "ml", grace_period_seconds=0)
-        wait_for(lambda: not sched.caches["pods"].items())
+        eventually(lambda: not sched.caches["pods"].items())
         sched.tick()
         assert len(fake_api.list("batch", "jobs", "gpu-monitor")) == 1  # all three idle now
     finally:

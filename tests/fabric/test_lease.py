@@ -10,6 +10,7 @@ import time
 from gpu_monitor.clock import FakeClock
 from gpu_monitor.fabric.lease import LeaderElector
 from gpu_monitor.fabric.scheduler import FabricScheduler, SchedulerSettings
+from tests.waiting import eventually
 
 
 def lease(fake_api, name="gpu-monitor-fabric-scheduler"):
@@ -73,15 +74,6 @@ def test_a_stale_write_loses(fabric_api, fake_api):
     assert lease(fake_api, "l")["spec"]["holderIdentity"] == "a"
 
 
-def _wait(cond, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.02)
-    raise AssertionError("timed out")
-
-
 def test_two_schedulers_one_leads_and_the_other_takes_over_after_expiry(
         fabric_api, fake_api, template, controller):
     for n in ("x0", "x1"):
@@ -94,17 +86,17 @@ def test_two_schedulers_one_leads_and_the_other_takes_over_after_expiry(
                         template=template)
     ta = threading.Thread(target=a.run, daemon=True)
     ta.start()
-    _wait(lambda: a.is_leader)
+    eventually(lambda: a.is_leader)
     tb = threading.Thread(target=b.run, daemon=True)
     tb.start()
     # a probes the idle pair once and records it; b, following, does nothing.
-    _wait(lambda: a.counts[("group", "pass")] == 1)
+    eventually(lambda: a.counts[("group", "pass")] == 1)
 
     def recorded():
         cm = fake_api.get("", "configmaps", "gpu-monitor-fabric-state", "gpu-monitor")
         return cm and set(json.loads(cm["data"]["nodes.json"])) == {"x0", "x1"}
 
-    _wait(recorded)
+    eventually(recorded)
     time.sleep(0.3)
     assert a.is_leader and not b.is_leader
     assert lease(fake_api)["spec"]["holderIdentity"] == "sched-a"
@@ -112,7 +104,7 @@ def test_two_schedulers_one_leads_and_the_other_takes_over_after_expiry(
     t0 = time.monotonic()
     a.stop(release=False)
     ta.join(timeout=5)
-    _wait(lambda: b.is_leader, timeout=10)
+    eventually(lambda: b.is_leader, timeout=10)
     assert time.monotonic() - t0 >= 0.9
     spec = lease(fake_api)["spec"]
     assert spec["holderIdentity"] == "sched-b" and spec["leaseTransitions"] == 1

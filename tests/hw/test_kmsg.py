@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import FrozenInstanceError
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -12,6 +12,8 @@ import pytest
 from gpu_monitor.hw.kmsg import (
     MAX_LINE_BYTES,
     SOURCE_FORMATS,
+    WALLCLOCK_MAX,
+    WALLCLOCK_MIN,
     KmsgFileSource,
     KmsgParseError,
     KmsgRecord,
@@ -19,6 +21,7 @@ from gpu_monitor.hw.kmsg import (
     parse_kmsg_record,
     parse_text_line,
 )
+from tests.hw.kmsg_shapes import HUGE_SECONDS, IN_RANGE, MONOTONIC_FORMATS, wallclock_lines
 
 UTC = timezone.utc
 
@@ -545,17 +548,25 @@ TEXT_LINES = [
         id="fabricmanager-stamp-is-not-dmesg",
     ),
     pytest.param("<unknown> thing", "plain", "<unknown> thing", id="angle-text"),
+    # An impossible stamp keeps the line's shape and loses only its time (see
+    # test_impossible_stamps_keep_the_shape_and_give_no_time).
     pytest.param(
         "[Sun Feb 30 16:24:18 2025] impossible date",
-        "plain",
-        "[Sun Feb 30 16:24:18 2025] impossible date",
-        id="impossible-ctime-date-is-plain",
+        "dmesg-ctime",
+        "impossible date",
+        id="impossible-ctime-date-keeps-the-shape",
     ),
     pytest.param(
         "2025-13-02T15:20:12+0800 node kernel: x",
+        "journal-short-iso",
+        "x",
+        id="impossible-iso-month-keeps-the-shape",
+    ),
+    pytest.param(
+        "[Sun Foo 12 16:24:18 2025] no month name",
         "plain",
-        "2025-13-02T15:20:12+0800 node kernel: x",
-        id="impossible-iso-month-is-plain",
+        "[Sun Foo 12 16:24:18 2025] no month name",
+        id="bracket-without-a-month-name-is-plain",
     ),
     pytest.param("[12.5] msg\r\n", "dmesg", "msg", id="crlf-stripped"),
     pytest.param(
@@ -634,3 +645,87 @@ def test_records_are_frozen_hashable_values() -> None:
     assert hash(rec) == hash(parse_kmsg_record(b"6,1,2,-;x\n SUBSYSTEM=pci\n"))
     assert rec == parse_kmsg_record(b"6,1,2,-;x\n SUBSYSTEM=pci\n")
     assert rec != parse_kmsg_record(b"6,1,2,-;x\n SUBSYSTEM=usb\n")
+
+
+# --- stamps at the edge of the calendar ------------------------------------------------------
+
+XID_TEXT = "NVRM: Xid (PCI:0000:53:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off"
+
+
+@pytest.mark.parametrize(
+    ("line", "fmt"),
+    [pytest.param(line, fmt, id=i) for i, line, fmt, _ in wallclock_lines(msg=XID_TEXT)],
+)
+def test_impossible_stamps_keep_the_shape_and_give_no_time(line: str, fmt: str) -> None:
+    rec = parse_text_line(line)
+    assert rec is not None
+    assert (rec.source_format, rec.message, rec.wallclock) == (fmt, XID_TEXT, None)
+
+
+@pytest.mark.parametrize(
+    ("line", "stamp"),
+    [pytest.param(line, s, id=i) for i, line, _, s in wallclock_lines(IN_RANGE, XID_TEXT)],
+)
+def test_stamps_in_range_keep_their_time(line: str, stamp) -> None:
+    rec = parse_text_line(line)
+    assert rec is not None and rec.message == XID_TEXT
+    local = datetime(stamp.year, stamp.month, stamp.day, stamp.hour, stamp.minute,
+                     stamp.second, rec.wallclock.microsecond)
+    sign = -1 if stamp.offset[0] == "-" else 1
+    offset = sign * timedelta(hours=int(stamp.offset[1:3]), minutes=int(stamp.offset[4:6]))
+    if rec.source_format == "dmesg-ctime":
+        offset = timedelta(0)  # no zone printed: taken as UTC
+    assert rec.wallclock == (local - offset).replace(tzinfo=UTC)
+    assert WALLCLOCK_MIN <= rec.wallclock < WALLCLOCK_MAX
+
+
+def test_the_issue_line_and_the_xid_after_it_are_both_read(tmp_path: Path) -> None:
+    log = tmp_path / "dmesg.log"
+    log.write_text("0001-01-01T00:00:00,000000+05:00 NVRM: Xid (PCI:0000:53:00): 79, pid=1, "
+                   "name=x, GPU has fallen off the bus.\n"
+                   "2024-11-15T12:02:03,470068+00:00 NVRM: Xid (PCI:0000:19:00): 48, pid=2, "
+                   "name=y, An uncorrectable double bit error (DBE) has been detected\n")
+    first, second = iter_file(log)
+    assert (first.source_format, first.wallclock) == ("dmesg-iso", None)
+    assert first.message.startswith("NVRM: Xid (PCI:0000:53:00): 79,")
+    assert second.wallclock == datetime(2024, 11, 15, 12, 2, 3, 470068, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("render", "fmt"),
+    [pytest.param(r, f, id=name) for name, (r, f) in MONOTONIC_FORMATS.items()],
+)
+def test_monotonic_stamp_too_big_for_a_float_gives_no_time(render, fmt: str) -> None:
+    rec = parse_text_line(render(HUGE_SECONDS, XID_TEXT))
+    assert rec is not None
+    assert (rec.source_format, rec.message, rec.monotonic_s) == (fmt, XID_TEXT, None)
+    ok = parse_text_line(render("12.5", XID_TEXT))
+    assert ok is not None and ok.monotonic_s == 12.5
+
+
+@pytest.mark.parametrize(
+    ("data", "error"),
+    [
+        pytest.param(b"4,99999999999999999999999,1,-;" + XID_TEXT.encode(),
+                     "truncated kmsg record", id="seq-past-20-digits"),
+        pytest.param(b"4,1," + b"9" * 5000 + b",-;" + XID_TEXT.encode(),
+                     "truncated kmsg record", id="usec-of-5000-digits"),
+        pytest.param(b"99999,1,2,-;" + XID_TEXT.encode(), None, id="priority-past-4-digits"),
+    ],
+)
+def test_huge_record_fields_are_malformed_lines_not_errors(data: bytes, error: str | None
+                                                           ) -> None:
+    rec = parse_text_line(data.decode())
+    assert rec is not None
+    if error is None:
+        assert rec.source_format == "plain" and rec.message == data.decode()
+    else:
+        assert rec.fields["error"] == error
+    with pytest.raises(KmsgParseError, match="not a kmsg record header"):
+        parse_kmsg_record(data)
+
+
+def test_a_text_line_of_megabytes_is_one_malformed_record() -> None:
+    rec = parse_text_line("4,1,2,-;" + "x" * (2 * 1024 * 1024))
+    assert rec is not None and rec.fields["error"] == "line longer than 64 KiB"
+    assert len(rec.message) == MAX_LINE_BYTES

@@ -71,6 +71,20 @@ def test_empty_file(tmp_path):
     empty.write_bytes(b"")
     stats = ScanStats()
     assert list(iter_matching(empty, NEEDLES, stats)) == [] and stats.lines == 0
+    assert (stats.source, stats.text) == ("file", False)
+
+
+@pytest.mark.parametrize(("data", "text"), [
+    pytest.param(b"\n \n\t\r\n", False, id="blank-lines-only"),
+    pytest.param(b"\n\n[1.0] unrelated\n", True, id="one-line-without-a-needle"),
+    pytest.param(b"\xff\x00\n", True, id="binary"),
+])
+def test_stats_say_whether_the_log_held_any_line(tmp_path, data, text):
+    path = tmp_path / "k.log"
+    path.write_bytes(data)
+    stats = ScanStats()
+    assert list(iter_matching(path, NEEDLES, stats)) == []
+    assert stats.text is text and stats.lines == data.count(b"\n")
 
 
 def test_finds_records_fast_on_a_big_log(tmp_path):

@@ -166,6 +166,17 @@ def test_device_other_io_errors_propagate() -> None:
     assert info.value.errno == errno.EIO
 
 
+def test_device_io_error_after_records_hands_them_out_first() -> None:
+    src = KmsgDeviceSource("/unused", reader=FakeKmsg([rec(1, "NVRM: Xid (PCI:0000:3b:00): 48"),
+                                                      OSError(errno.EIO, "I/O error"),
+                                                      rec(2, "after")]))
+    assert [r.seq for r in only_records(src.read_available())] == [1]
+    with pytest.raises(OSError) as info:
+        src.read_available()
+    assert info.value.errno == errno.EIO
+    assert [r.seq for r in only_records(src.read_available())] == [2]
+
+
 def test_device_fileno_and_close_delegate() -> None:
     fake = FakeKmsg()
     with KmsgDeviceSource("/unused", reader=fake) as src:
@@ -489,6 +500,82 @@ def test_fifo_with_writer_thread_delivers_complete_records(tmp_path: Path) -> No
         t2.start()
         assert [r.message for r in _collect(src, 1)] == ["second writer"]
         t2.join(5)
+
+
+# --- one-shot reads of a FIFO and of what is not a log ----------------------------------------
+
+
+def _in_thread(fn: Callable[[], object], deadline_s: float = 20.0) -> object:
+    """Run ``fn`` in a thread; fail (instead of hanging the suite) when it does not return."""
+    out: list[object] = []
+    t = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    t.start()
+    t.join(deadline_s)
+    assert not t.is_alive(), "the one-shot read blocked"
+    return out[0]
+
+
+def test_fifo_without_a_writer_is_read_as_empty_instead_of_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "kmsg.fifo"
+    os.mkfifo(fifo)
+    assert _in_thread(lambda: list(iter_file(fifo, fifo_idle_s=0.05))) == []
+
+
+def test_fifo_read_ends_when_its_writer_closes_it(tmp_path: Path) -> None:
+    fifo = tmp_path / "kmsg.fifo"
+    os.mkfifo(fifo)
+    pieces = [b"[1.0] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has ",
+              b"fallen off the bus.\n[2.0] second\n", b"[3.0] last, no newline"]
+    started = threading.Event()
+    writer = threading.Thread(target=_writer(fifo, pieces, started), daemon=True)
+    writer.start()  # blocks in open() until the read side below exists
+    # A long idle limit: only the writer's close can end this read in time.
+    got = _in_thread(lambda: [r.message for r in iter_file(fifo, fifo_idle_s=30.0)])
+    writer.join(5)
+    assert got == ["NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.",
+                   "second", "last, no newline"]
+
+
+def test_fifo_with_a_silent_writer_ends_after_the_idle_time(tmp_path: Path) -> None:
+    fifo = tmp_path / "kmsg.fifo"
+    os.mkfifo(fifo)
+    fd = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)  # a writer that stays attached
+    try:
+        os.write(fd, b"[1.0] one line, then silence\n")
+        got = _in_thread(lambda: [r.message for r in iter_file(fifo, fifo_idle_s=0.05)])
+    finally:
+        os.close(fd)
+    assert got == ["one line, then silence"]
+
+
+def test_scan_of_a_fifo_says_it_idled(tmp_path: Path) -> None:
+    from gpu_monitor.hw.kmsg_scan import ScanStats, iter_matching
+
+    fifo = tmp_path / "kmsg.fifo"
+    os.mkfifo(fifo)
+    stats = ScanStats()
+    assert _in_thread(lambda: list(iter_matching(fifo, (b"NVRM",), stats,
+                                                 fifo_idle_s=0.05))) == []
+    assert (stats.source, stats.fifo_idle, stats.text, stats.lines) == ("fifo", True, False, 0)
+
+
+@pytest.mark.parametrize("kind", ["missing", "dangling-symlink", "directory", "device"])
+def test_what_cannot_be_read_as_a_log_raises_naming_the_path(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / "kern.log"
+    expected: type[OSError] = FileNotFoundError
+    if kind == "dangling-symlink":
+        os.symlink(tmp_path / "gone.log", path)
+    elif kind == "directory":
+        path.mkdir()
+        expected = IsADirectoryError
+    elif kind == "device":
+        path = Path(os.devnull)
+        expected = OSError
+    with pytest.raises(expected) as err:
+        list(iter_file(path))
+    assert err.value.filename == str(path)
+    if kind == "device":
+        assert "not a regular file or FIFO" in str(err.value)
 
 
 # --- open_kmsg -------------------------------------------------------------------------------

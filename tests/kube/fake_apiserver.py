@@ -14,7 +14,8 @@ grace period has passed (tests can make a pod hang), and the node lifecycle cont
 `node.kubernetes.io/unschedulable` taint.
 
 Tests steer it from Python (never over HTTP): seed objects (`add_node`, `add_pod`, `set_pdb`),
-inject faults (`inject`, `inject_delay`, `drop_connections`, `stop`/`start` on the same port) and
+inject faults (`inject`, `inject_delay`, `drop_connections`, `stop`/`start` on the same port),
+run a hook between two requests (`on_request`) and
 read the request log (`requests`, `sequence`, `wait_for_request`).
 
 Layout: this module holds the state and its semantics (storage, resourceVersions, CRUD, patch,
@@ -37,6 +38,7 @@ import threading
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -367,9 +369,12 @@ class FakeApiServer(SeedingMixin, HttpFrontMixin):
         reason: str | None = None,
         retry_after: int = 0,
         body: dict | None = None,
+        active: Callable[[], bool] | None = None,
     ) -> Fault:
         """Answer the next `times` requests whose method and path (no query; `re.fullmatch`)
-        match with `status` and an apiserver-shaped Status body, without touching the state."""
+        match with `status` and an apiserver-shaped Status body, without touching the state.
+        `active()`, when given, is asked per request: an outage that ends when it says False
+        (e.g. ``lambda: clock.monotonic() < end`` on a test's injected clock)."""
         f = Fault(
             "status",
             method,
@@ -380,6 +385,7 @@ class FakeApiServer(SeedingMixin, HttpFrontMixin):
             reason=reason,
             retry_after=retry_after,
             body=body,
+            active=active,
         )
         with self._lock:
             self._faults.append(f)
@@ -403,14 +409,37 @@ class FakeApiServer(SeedingMixin, HttpFrontMixin):
             self._faults.append(f)
         return f
 
+    def on_request(
+        self,
+        method: str | None,
+        path_regex: str,
+        fn: Callable[[RecordedRequest], None],
+        times: int | None = 1,
+        *,
+        content_type: str | None = None,
+    ) -> Fault:
+        """Run `fn(request)` when a matching request arrives, before it is served: whatever
+        `fn` writes (through the Python API or its own client) lands between the requests
+        before and this one - a race window made deterministic. `content_type` narrows the
+        match (e.g. only the strategic-merge PATCH of a node, not its JSON patch). `request`
+        is the request as received (`status` 0: not answered yet)."""
+        f = Fault(
+            "hook", method, re.compile(path_regex), times, content_type=content_type, fn=fn
+        )
+        with self._lock:
+            self._faults.append(f)
+        return f
+
     def clear_faults(self) -> None:
         with self._lock:
             self._faults.clear()
 
-    def _take_fault(self, kind: str, method: str, path: str) -> Fault | None:
+    def _take_fault(
+        self, kind: str, method: str, path: str, content_type: str | None = None
+    ) -> Fault | None:
         with self._lock:
             for f in self._faults:
-                if f.kind == kind and f.matches(method, path):
+                if f.kind == kind and f.matches(method, path, content_type):
                     f.hits += 1
                     return f
         return None

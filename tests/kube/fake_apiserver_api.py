@@ -506,9 +506,13 @@ class RecordedRequest:
 
 @dataclass
 class Fault:
-    """An injected fault; `times=None` is forever. `hits` counts the requests it caught."""
+    """An injected fault; `times=None` is forever. `hits` counts the requests it caught.
 
-    kind: str  # "status" | "delay" | "drop"
+    `active` (optional) gates it on a predicate evaluated per request, e.g. an outage that
+    lasts until a test clock passes a time; `content_type` (optional) narrows it to requests
+    of that Content-Type (media type only); `fn` is a hook's action."""
+
+    kind: str  # "status" | "delay" | "drop" | "hook"
     method: str | None
     path: re.Pattern
     times: int | None
@@ -519,13 +523,22 @@ class Fault:
     body: dict | None = None
     seconds: float = 0.0
     hits: int = 0
+    active: Callable[[], bool] | None = None
+    content_type: str | None = None
+    fn: Callable[[RecordedRequest], None] | None = None
 
-    def matches(self, method: str, path: str) -> bool:
+    def matches(self, method: str, path: str, content_type: str | None = None) -> bool:
         if self.times is not None and self.hits >= self.times:
             return False
-        return (self.method in (None, "*") or self.method == method) and bool(
-            self.path.fullmatch(path)
-        )
+        if self.content_type is not None and (
+            (content_type or "").split(";")[0].strip().lower() != self.content_type.lower()
+        ):
+            return False
+        if not (self.method in (None, "*") or self.method == method) or not self.path.fullmatch(
+            path
+        ):
+            return False
+        return self.active is None or bool(self.active())
 
 
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")

@@ -109,6 +109,13 @@ class HttpFrontMixin:
                 seq, h.command, path, query, ctype, raw.decode("utf-8", "replace"), status
             )
         )
+        hook = self._take_fault("hook", h.command, path, ctype)
+        if hook is not None and hook.fn is not None:
+            hook.fn(
+                RecordedRequest(
+                    seq, h.command, path, query, ctype, raw.decode("utf-8", "replace"), 0
+                )
+            )
         if self._take_fault("drop", h.command, path):
             h.close_connection = True
             h.recorder(0)

@@ -25,19 +25,9 @@ from fake_apiserver_patch import (
 from kubernetes import client, watch
 from kubernetes.client import ApiException
 
+from tests.waiting import eventually
+
 GPU_GROUP, GPU_VERSION, GPU_PLURAL = "gpu-monitor.io", "v1alpha1", "gpuhealthreports"
-
-
-def eventually(predicate, timeout: float = 5.0, interval: float = 0.02):
-    """Poll until `predicate()` is truthy (no absolute-time assertions: only an upper bound)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(interval)
 
 
 def status_of(exc: ApiException) -> dict:
@@ -1032,6 +1022,47 @@ def test_delay_beyond_the_client_timeout_is_a_timeout(fake_api, core):
     fake_api.inject_delay("PATCH", "/api/v1/nodes/n1", seconds=1.0)
     with pytest.raises(urllib3.exceptions.ReadTimeoutError):
         core.patch_node("n1", {"spec": {"unschedulable": True}}, _request_timeout=0.2)
+
+
+def test_a_fault_gated_by_a_predicate_lasts_while_it_holds(fake_api, core):
+    fake_api.add_node("n1")
+    outage = {"on": True}
+    fault = fake_api.inject(
+        "GET", "/api/v1/nodes/n1", status=503, times=None, active=lambda: outage["on"]
+    )
+    for _ in range(3):
+        with pytest.raises(ApiException) as exc:
+            core.read_node("n1")
+        assert exc.value.status == 503
+    outage["on"] = False
+    assert core.read_node("n1").metadata.name == "n1"
+    assert fault.hits == 3
+
+
+def test_a_hook_runs_before_the_request_it_matches_narrowed_by_content_type(fake_api, core):
+    fake_api.add_node("n1")
+    seen = []
+
+    def operator_cordons(request):
+        seen.append((request.method, request.content_type, request.status))
+        fake_api.add_node("n1", unschedulable=True)  # lands before the request is served
+
+    fake_api.on_request(
+        "PATCH",
+        "/api/v1/nodes/n1",
+        operator_cordons,
+        content_type="application/strategic-merge-patch+json",
+    )
+    rv = core.read_node("n1").metadata.resource_version
+    core.patch_node("n1", [{"op": "test", "path": "/metadata/resourceVersion", "value": rv}])
+    assert seen == []  # a JSON patch: not the hook's Content-Type
+    rv = core.read_node("n1").metadata.resource_version
+    with pytest.raises(ApiException) as exc:
+        core.patch_node("n1", {"metadata": {"resourceVersion": rv}, "spec": {"unschedulable": True}})
+    assert exc.value.status == 409  # the hook's write moved the resourceVersion first
+    assert seen == [("PATCH", "application/strategic-merge-patch+json", 0)]
+    core.patch_node("n1", {"metadata": {"labels": {"x": "y"}}})
+    assert len(seen) == 1  # times=1
 
 
 def test_server_down_then_back_on_the_same_port_with_its_state(fake_api, core):

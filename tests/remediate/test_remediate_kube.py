@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from remediate_helpers import (
     TAINT_KEY,
     FakeApiServer,
@@ -32,6 +34,7 @@ from gpu_monitor.remediate.kube import (
     RateLimiter,
 )
 from gpu_monitor.remediate.reports import report_object
+from tests.waiting import eventually
 
 NODE = "gpu-node-1"
 T0 = datetime(2026, 3, 1, tzinfo=timezone.utc)
@@ -152,7 +155,10 @@ def test_taint_value_follows_the_most_severe_reason_and_only_ours_is_removed(fak
                                             "effect": "NoSchedule"}]
     view, uncordoned = node.release(T0)
     assert uncordoned and not view.unschedulable
-    assert fake.node(NODE)["spec"]["taints"] == [other]
+    # The node lifecycle controller drops its own unschedulable taint after the uncordon, on
+    # its own time (as the real one does): wait for it rather than read at once.
+    eventually(lambda: fake.node(NODE)["spec"].get("taints") == [other],
+               what="only the operator's taint left")
     assert not any(k.startswith("gpu-monitor.io/") and k != "gpu-monitor.io/state"
                    for k in fake.node(NODE)["metadata"]["annotations"])
 
@@ -216,6 +222,54 @@ def test_rate_limiter_spaces_writes_after_the_burst():
     waits = [rl.acquire() for _ in range(4)]
     assert waits[:2] == [0.0, 0.0] and waits[2] == pytest.approx(0.5)
     assert waits[3] == pytest.approx(0.5)
+
+
+def test_try_acquire_never_sleeps_and_keeps_tokens_for_writes_that_wait():
+    clock = FakeClock()
+    rl = RateLimiter(qps=1.0, burst=4, clock=clock)
+    assert [rl.try_acquire(keep=2) for _ in range(3)] == [True, True, False]
+    assert clock.monotonic() == 1000.0  # never slept
+    assert rl.acquire() == 0.0 and rl.acquire() == 0.0  # the kept tokens
+    clock.advance(3)
+    assert rl.try_acquire(keep=2)
+
+
+def test_an_event_with_no_write_token_free_waits_without_delaying_anything(fake):
+    clock = FakeClock(T0)
+    kube = kube_for(fake, clock, qps=1.0)
+    kube.limiter = RateLimiter(1.0, 3, clock)
+    node = NodeClient(kube, NODE)
+    node.read()
+    kube.patch_node(NODE, {"metadata": {"labels": {"a": "1"}}})  # the node's own writes
+    assert node.event("Xid79", "gpu:3")
+    assert node.events.pending == 1 and clock.monotonic() == 1000.0  # queued, no sleep
+    assert not node.events.backing_off  # no token is not a failure
+    assert [q for q in fake.requests if q.method == "POST"] == []
+    clock.advance(5)
+    assert node.flush_events() == 1 and node.events.pending == 0
+
+
+@given(st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(["name", "server", "cluster", "user", "context", "token",
+                         "current-context", "clusters", "contexts", "users", "x"]),
+        inner, max_size=4),
+    max_leaves=12))
+@settings(deadline=None, derandomize=True, max_examples=150,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_a_kubeconfig_either_loads_or_raises_kubeconfig_error(tmp_path, doc):
+    """Whatever the file holds, nothing but KubeConfigError leaves the start-up check."""
+    import yaml
+
+    from gpu_monitor.remediate.kube import KubeConfigError, kubeconfig_factory
+
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(doc))
+    try:
+        kubeconfig_factory(str(path))
+    except KubeConfigError as exc:
+        assert str(path) in str(exc)
 
 
 def test_rate_limited_writes_under_a_burst_of_changes(fake):

@@ -13,7 +13,8 @@ type). Deliberate differences, each documented in docs/remediation.md:
 3. the taint is a JSON patch with a resourceVersion `test` (kubectl taint sends the whole,
    atomic taint list as a strategic-merge patch and can lose a concurrent writer's taint);
 4. the cordon patch also carries gpu-monitor's `cordoned-at` annotation (same verb, path and
-   patch type) so the cordon's owner is recorded atomically.
+   patch type) so the cordon's owner is recorded atomically, and the resourceVersion it was
+   decided on (a precondition: an operator's cordon meanwhile is not taken for ours).
 """
 
 from __future__ import annotations
@@ -109,6 +110,7 @@ def test_cordon_is_kubectls_patch_plus_our_annotation(tmp_path):
         (kubectl_patch.method, kubectl_patch.path, kubectl_patch.content_type)
     assert ours.json["spec"] == kubectl_patch.json["spec"] == {"unschedulable": True}
     assert set(ours.json["metadata"]["annotations"]) == {ANNOTATIONS.CORDONED}  # difference 4
+    assert set(ours.json["metadata"]) == {"annotations", "resourceVersion"}
 
 
 def test_taint_ends_like_kubectls_through_a_guarded_json_patch(tmp_path):

@@ -176,3 +176,60 @@ def test_drop_directory_feeds_the_policy_and_skips_junk(fake, tmp_path):
     assert fake.node(NODE)["spec"]["unschedulable"] is True
     r.tick()
     assert r.store.health_report_counts() == {"SdcAlarm": 1}
+
+
+# --- a missing CRD ----------------------------------------------------------------------------------
+
+
+def until(predicate, timeout: float = 30.0):
+    """Wait (real time, generous) for a condition another thread brings about."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.01)
+
+
+def test_a_missing_crd_warns_once_backs_off_and_recovers_when_it_appears(tmp_path, caplog):
+    import logging
+
+    from gpu_monitor.remediate.reports import CRD_RETRY_MAX_S
+
+    server = FakeApiServer(api_groups=()).start()  # no gpu-monitor.io group: the CRD is absent
+    server.add_node(NODE, gpus=8)
+    server.add_namespace(NS)
+    clock = FakeClock(T0)
+    src = ReportSource(NODE, Store.open(":memory:"), clock, kube=kube_for(server, clock),
+                       namespace=NS)
+    lists = f"/apis/{GROUP}/{VERSION}/namespaces/{NS}/{PLURAL}"
+    got = []
+    caplog.set_level(logging.INFO, logger="gpu_monitor.remediate")
+    start = clock.monotonic()
+    src.start_watch(got.extend)
+    try:
+        until(lambda: clock.monotonic() - start >= 3600)  # an hour on the injected clock
+        tries = [q for q in server.requests if q.path == lists]
+        elapsed = clock.monotonic() - start  # read after counting: the thread goes on
+        assert all(q.status == 404 for q in tries) and len(tries) >= 3
+        # between tries: 5 s doubling to 10 min, -20 % jitter at most
+        waited = sum(min(CRD_RETRY_MAX_S, 5.0 * 2 ** k) * 0.8 for k in range(len(tries) - 1))
+        assert waited <= elapsed
+        warned = [x for x in caplog.records if "CRD is not served" in x.getMessage()]
+        assert len(warned) == 1 and warned[0].levelno == logging.WARNING
+        assert src.crd_missing
+
+        server.register_resource(server.resource(GROUP, PLURAL))  # the CRD is installed
+        until(lambda: any(q.params.get("watch") == "true" for q in server.requests
+                          if q.path == lists))
+        assert not src.crd_missing
+        assert any("CRD is served now" in x.getMessage() for x in caplog.records)
+        kube_for(server).create_custom(GROUP, VERSION, NS, PLURAL, report_object(
+            NODE, "SdcAlarm", "sdc-library", {}, clock.now(), NS))
+        until(lambda: got)
+        assert [x.reason for x in got] == ["SdcAlarm"]
+        assert len([x for x in caplog.records if "CRD is not served" in x.getMessage()]) == 1
+    finally:
+        src.stop()
+        server.stop()

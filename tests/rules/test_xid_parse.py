@@ -482,3 +482,63 @@ def test_sxid_fatality_and_unknown_codes(fixtures_dir):
 @pytest.mark.parametrize("text", ["nvidia-nvswitch0: SXid (PCI:zz): 1", "SXid \x00\xff"])
 def test_sxid_garbage_is_an_error_value(text):
     assert isinstance(parse_sxid(text), XidParseError)
+
+
+# --- numeric fields past any real value ---------------------------------------------------------
+# More digits than int() converts (4300): such a field must not match, and the event on the line
+# must survive without it.
+HUGE = "9" * 5000
+BUS53 = "0000:53:00.0"
+
+
+@pytest.mark.parametrize(("text", "code", "absent"), [
+    pytest.param(f"NVRM: Xid (PCI:0000:53:00): 79, pid={HUGE}, name=x, GPU has fallen off the "
+                 "bus.", 79, "pid", id="pid"),
+    pytest.param(f"NVRM: Xid (PCI:0000:53:00): 13, pid=1, name=x, Graphics SM Warp Exception on "
+                 f"(GPC {HUGE}, TPC 1, SM 1): Out Of Range Address", 13, "gpc", id="gpc"),
+    pytest.param(f"NVRM: Xid (PCI:0000:53:00): 45, pid=1, name=x, Ch 00000001 caused by previous "
+                 f"Xid {HUGE}", 45, "caused_by", id="caused-by"),
+    pytest.param(f"NVRM: Xid (PCI:0000:53:00): 74, pid=1, name=x, NVLink: fatal error detected "
+                 f"on link {HUGE}(0x0, 0x0)", 74, "nvlink", id="xid74-link"),
+    pytest.param(f"NVRM: Xid (PCI:0000:53:00): 145, RLW_REMAP Nonfatal XC0 i0 Link {HUGE} (0x1 "
+                 "0x2)", 145, "nvlink5", id="nvlink5-link"),
+])
+def test_a_huge_field_is_dropped_and_the_xid_kept(text, code, absent):
+    x = parse_xid(text)
+    assert isinstance(x, ParsedXid) and (x.code, x.pci) == (code, BUS53)
+    fields = {"pid": x.pid, "caused_by": x.caused_by, "nvlink5": x.nvlink5,
+              **dict(x.extra)}
+    assert fields.get(absent) is None
+    classify(x)
+
+
+def test_a_caused_by_code_longer_than_any_xid_is_not_cut_to_fit():
+    x = parse_xid("NVRM: Xid (PCI:0000:53:00): 45, pid=1, name=x, Ch 00000001 caused by previous "
+                  "Xid 1450000001")
+    assert isinstance(x, ParsedXid) and x.caused_by is None
+
+
+def test_a_huge_gpu_instance_makes_the_line_garbage():
+    x = parse_xid(f"NVRM: Xid (PCI:0000:53:00 GPU-I:{HUGE}): 94, pid=1, x")
+    assert isinstance(x, XidParseError) and x.kind == "garbage"
+
+
+@pytest.mark.parametrize(("text", "switch", "link", "kind"), [
+    pytest.param(f"nvidia-nvswitch{HUGE}: SXid (PCI:0000:05:00.0): 20034, Fatal, Link 30 LTSSM "
+                 "Fault Up", None, 30, "header", id="switch-index"),
+    pytest.param(f"nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 20034, Fatal, Link {HUGE} LTSSM "
+                 "Fault Up", 0, None, "header", id="link"),
+    pytest.param(f"nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 20034, Severity {HUGE} Engine "
+                 "instance 30 Sub-engine instance 00", 0, None, "other", id="severity"),
+])
+def test_a_huge_sxid_field_is_dropped_and_the_line_kept(text, switch, link, kind):
+    s = parse_sxid(text)
+    assert isinstance(s, ParsedSxid)
+    assert (s.code, s.pci, s.switch_index, s.link, s.kind) == (20034, "0000:05:00.0", switch,
+                                                              link, kind)
+
+
+def test_a_huge_engine_instance_is_not_cut_to_fit():
+    s = parse_sxid(f"nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 20034, Severity 1 Engine instance "
+                   f"{HUGE}")
+    assert isinstance(s, ParsedSxid) and s.kind == "other" and s.engine_instance is None

@@ -40,6 +40,7 @@ def test_parse_full_grammar():
         ("xid@gpu:3,code", "not key=value"),
         ("slow@gpu:1,after=5", "takes no 'after'"),
         ("port-down@ib:mlx5_0:1,for=-1", "for > 0"),
+        ("missing@gpu:0,what=dcgmi", "node target"),
     ],
 )
 def test_parse_errors_say_what_is_wrong(text, needle):
@@ -51,7 +52,7 @@ def test_every_documented_kind_exists_and_is_in_help():
     documented = ["gpu-missing", "xid", "sxid", "row-remap-pending", "row-remap-failure",
                   "remap-headroom", "ecc-uncorrectable", "pcie-downgrade", "aer", "nvlink-down",
                   "throttle", "hot", "port-down", "slow", "wrong-results", "sdc", "dcgm-fail",
-                  "ib-bw", "nvml-error", "gpu-process"]
+                  "ib-bw", "nvml-error", "gpu-process", "missing"]
     assert sorted(documented) == sorted(inject.KINDS)
     text = inject.help_text()
     for k in documented:
@@ -177,3 +178,21 @@ def test_targets_that_do_not_exist_are_errors():
         apply("xid@gpu:9,code=79")
     with pytest.raises(InjectError, match="no ib:mlx5_9:1"):
         apply("port-down@ib:mlx5_9:1")
+
+
+@pytest.mark.parametrize("text, needle", [("missing@node,what=nvidia-smi", "expected one of dcgmi"),
+                                          ("missing@node", "missing what=")])
+def test_missing_names_what_it_can_take_away(text, needle):
+    with pytest.raises(InjectError, match=needle):
+        apply(text)
+
+
+@pytest.mark.parametrize("what, field", [("dcgmi", "dcgmi_installed"),
+                                         ("nv-hostengine", "dcgm_available"),
+                                         ("ib_write_bw", "perftest_available"),
+                                         ("torch", "torch_available")])
+def test_missing_takes_one_tool_or_runtime_away(what, field):
+    s = apply(f"missing@node,what={what}")
+    assert getattr(s, field) is False
+    flags = ("dcgmi_installed", "dcgm_available", "perftest_available", "torch_available")
+    assert all(getattr(s, f) for f in flags if f != field)
