@@ -23,7 +23,8 @@ decides status and reason:
 
 A feature the GPU does not support (NotSupported, or a driver without the call) is listed in
 ``details["not_supported"]``; a GPU supporting none of them is ``skipped``. Any other NVML error
-makes the GPU ``unknown`` (``NvmlReadError``) unless a real failure was already found.
+makes the GPU ``unknown`` (``NvmlReadError``) unless a real failure was already found; so does
+a GPU NVML cannot identify (checks/_gpus.py).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from checks._gpus import enumeration_error
+from checks._gpus import enumeration_error, unidentified
 from gpu_monitor.check import Check, ClearTracker, Context
 from gpu_monitor.hw.nvml import GpuInfo, NvmlError, NvmlErrorKind
 from gpu_monitor.model import (
@@ -111,10 +112,13 @@ class EccMemory(Check):
     def _gpu(self, ctx: Context, gpu: GpuInfo, limits: dict[str, int]) -> Result:
         target = gpu_target(gpu.index)
         base = {"uuid": gpu.uuid, "pci_bus_id": gpu.pci_bus_id}
-        if gpu.lost or (gpu.error is not None and gpu.uuid is None):
+        if gpu.lost:
             why = str(gpu.error) if gpu.error else "GPU is lost"
             return self.result(ctx, Status.UNKNOWN, target, "NvmlReadError",
                                f"{target} cannot be read: {why}", {**base, "nvml_error": why})
+        unread = unidentified(self, ctx, gpu, base, "ECC and memory repair state")
+        if unread is not None:
+            return unread
         st = _Gpu(details=dict(base))
         nvml = ctx.host.nvml
         self._read(st, "ecc", lambda: nvml.ecc(gpu.index), lambda v: self._ecc(st, v, limits))

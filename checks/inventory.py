@@ -3,9 +3,12 @@
 The first check of every suite. It compares what NVML enumerates with what the PCI bus shows
 (sysfs) and with the profile: a GPU present on the bus but absent from NVML has fallen off the
 bus or failed to initialise; NVIDIA GPU functions on the bus with NVML unavailable mean a broken
-driver (``NvmlUnavailable``) — a GPU node with a broken driver must never look healthy. With
-NVML unavailable, a PCI function whose vendor or class file cannot be read makes "no GPU here"
-``unknown`` (``SysfsReadError``), not ``ok``.
+driver (``NvmlUnavailable``) — a GPU node with a broken driver must never look healthy. A GPU
+NVML enumerates but cannot identify (its handle, UUID, name, PCI info, serial or memory size
+answers an error) is ``unknown`` ``NvmlReadError`` naming the call, never ``ok``; a lost one is
+``failed`` ``GpuLost``; a driver version NVML cannot read leaves the node ``unknown``. With NVML unavailable, a PCI function whose
+vendor or class file cannot be read makes "no GPU here" ``unknown`` (``SysfsReadError``), not
+``ok``.
 """
 
 from __future__ import annotations
@@ -13,9 +16,9 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from checks._gpus import enumeration_error
+from checks._gpus import enumeration_error, error_details, unidentified
 from gpu_monitor.check import Check, ClearTracker, Context
-from gpu_monitor.hw.nvml import NvmlError
+from gpu_monitor.hw.nvml import NvmlError, SystemInfo
 from gpu_monitor.hw.sysfs import NVIDIA_VENDOR
 from gpu_monitor.model import NODE, Action, Kind, Result, Status, gpu_target
 
@@ -89,17 +92,19 @@ class Inventory(Check):
         on_bus = [d for d in functions if d.is_nvidia_gpu]
         bus_addrs = sorted(d.address for d in on_bus)
         # Functions whose vendor or class cannot be read: "no GPU on the bus" is not earned.
-        unidentified = [d for d in functions if d.unidentified]
+        unreadable_functions = [d for d in functions if d.unidentified]
 
         if not nvml.available():
             reason = nvml.unavailable_reason()
+            init = nvml.init_error
             if bus_addrs:
                 return [self.result(
                     ctx, Status.FAILED, NODE, "NvmlUnavailable",
                     f"{len(bus_addrs)} NVIDIA GPU(s) on the PCI bus but NVML is unavailable: "
                     f"{reason}",
-                    {"pci_bus_ids": bus_addrs, "nvml_error": reason,
-                     "expected_gpus": expected},
+                    {"pci_bus_ids": bus_addrs,
+                     **(error_details(init) if init is not None else {}),
+                     "nvml_error": reason, "expected_gpus": expected},
                     Action.REBOOT,
                 )]
             if expected > 0:
@@ -110,12 +115,13 @@ class Inventory(Check):
                     {"expected_gpus": expected, "found_gpus": 0, "nvml_error": reason},
                     Action.REPLACE,
                 )]
-            if unidentified:
-                errors = [str(e) for d in unidentified for e in d.errors_for("vendor", "class")]
+            if unreadable_functions:
+                errors = [str(e) for d in unreadable_functions
+                          for e in d.errors_for("vendor", "class")]
                 return [self.result(
                     ctx, Status.UNKNOWN, NODE, "SysfsReadError",
-                    f"NVML unavailable and {len(unidentified)} PCI function(s) could not be "
-                    f"identified, any of which may be a GPU: {'; '.join(errors)}",
+                    f"NVML unavailable and {len(unreadable_functions)} PCI function(s) could not "
+                    f"be identified, any of which may be a GPU: {'; '.join(errors)}",
                     {"expected_gpus": 0, "nvml_error": reason, "read_errors": errors})]
             return [self.ok(ctx, NODE, "no GPU expected and none found",
                             {"expected_gpus": 0, "found_gpus": 0})]
@@ -123,16 +129,23 @@ class Inventory(Check):
         results: list[Result] = []
         try:
             gpus = nvml.gpus()
-            system = nvml.system()
         except NvmlError as exc:
             return [enumeration_error(self, ctx, exc)]
+        try:
+            system: SystemInfo | None = nvml.system()
+        except NvmlError as exc:  # the GPUs are still judged; the node is not
+            system = None
+            results.append(self.result(
+                ctx, Status.UNKNOWN, NODE, "NvmlReadError",
+                f"cannot read the driver and CUDA versions: {exc}", error_details(exc)))
         nvml_addrs = {g.pci_bus_id for g in gpus if g.pci_bus_id}
         # NVML numbers GPUs in PCI bus order; so does CUDA with CUDA_DEVICE_ORDER=PCI_BUS_ID.
         # A GPU on the bus but not in NVML gets the index it would have had in that order.
         all_addrs = sorted(set(bus_addrs) | nvml_addrs)
         missing_addrs = [a for a in bus_addrs if a not in nvml_addrs]
-        # A lost GPU is still enumerated but NVML cannot say where it is; it accounts for one
-        # unmatched bus address (NVML and the bus list GPUs in the same order).
+        # A lost GPU (or one whose PCI info cannot be read) is still enumerated but NVML cannot
+        # say where it is; it accounts for one unmatched bus address (NVML and the bus list
+        # GPUs in the same order).
         lost_slots: dict[int, str] = {}
         for gpu in sorted((g for g in gpus if not g.pci_bus_id), key=lambda g: g.index):
             if missing_addrs:
@@ -181,8 +194,12 @@ class Inventory(Check):
                     ctx, Status.FAILED, target, "GpuLost",
                     f"{target} ({addr or 'address unknown'}) is enumerated but NVML reports it lost "
                     "(GPU_IS_LOST): it needs a reset or reboot",
-                    info, Action.REBOOT,
+                    {**info, **(error_details(gpu.error) if gpu.error else {})}, Action.REBOOT,
                 ))
+                continue
+            unread = unidentified(self, ctx, gpu, info, "the model", target)
+            if unread is not None:
+                results.append(unread)
                 continue
             if want_name and not _name_matches(gpu.name, want_name, profile.get("match") or ()):
                 results.append(self.result(
@@ -193,6 +210,8 @@ class Inventory(Check):
                 continue
             results.append(self.ok(ctx, target, f"{gpu.name} {gpu.uuid}", info))
 
+        if system is None:
+            return results
         node_details = {
             "expected_gpus": expected,
             "found_gpus": len(gpus),

@@ -21,7 +21,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from checks._gpus import active_gpus
+from checks._gpus import active_gpus, error_details
 from gpu_monitor.check import Check, Context
 from gpu_monitor.hw.nvml import NvmlError, NvmlErrorKind
 from gpu_monitor.model import NODE, Action, Kind, Result, Status, gpu_target, nvlink_target
@@ -114,7 +114,7 @@ class NvlinkPeer(Check):
         if get("nvswitch", False):
             for ref in refs:
                 results += self._fabric(ctx, ref.index)
-        before = self._counters(ctx, links)
+        before, before_errors = self._counters(ctx, links)
 
         matrix: list[list[float | None]] = [[None] * len(refs) for _ in refs]
         pos = {r.index: k for k, r in enumerate(refs)}
@@ -135,7 +135,13 @@ class NvlinkPeer(Check):
                     copied += 1
             else:
                 results.append(self._failed_worker(ctx, outcome, refs))
-        results += self._counter_increases(ctx, before, self._counters(ctx, links))
+        after, after_errors = self._counters(ctx, links)
+        results += self._counter_increases(ctx, before, after)
+        for index, err in sorted({**after_errors, **before_errors}.items()):
+            results.append(self.result(
+                ctx, Status.UNKNOWN, gpu_target(index), "NvLinkReadError",
+                f"cannot read the NVLink error counters of {gpu_target(index)}: {err}",
+                error_details(err)))
 
         details = {"bandwidth_gb_per_s": matrix, "devices": [r.index for r in refs],
                    "p2p_floor_gb_per_s": floor, "links_per_gpu": expected,
@@ -157,10 +163,12 @@ class NvlinkPeer(Check):
         if expected <= 0:
             return []
         try:
-            states = ctx.host.nvml.nvlink_states(index, max_links=max(expected, 18))
+            states, errors = ctx.host.nvml.nvlink_states_with_errors(
+                index, max_links=max(expected, 18))
         except NvmlError as err:
             return [self.result(ctx, Status.UNKNOWN, gpu_target(index), "NvLinkReadError",
-                                f"cannot read NVLink state of {gpu_target(index)}: {err}")]
+                                f"cannot read NVLink state of {gpu_target(index)}: {err}",
+                                error_details(err))]
         links[index] = min(len(states), expected)
         out = []
         for link, up in enumerate(states[:expected]):
@@ -170,9 +178,12 @@ class NvlinkPeer(Check):
                     f"{gpu_target(index)} NVLink {link} is down", {"link": link},
                     Action.RESET_GPU))
             elif up is None:
+                err = errors.get(link)
                 out.append(self.result(
                     ctx, Status.UNKNOWN, nvlink_target(index, link), "NvLinkReadError",
-                    f"{gpu_target(index)} NVLink {link} state could not be read", {"link": link}))
+                    f"{gpu_target(index)} NVLink {link} state could not be read"
+                    + (f": {err}" if err else ""),
+                    {"link": link, **(error_details(err) if err else {})}))
         if len(states) < expected:
             out.append(self.result(
                 ctx, Status.FAILED, gpu_target(index), "NvLinkMissing",
@@ -188,7 +199,8 @@ class NvlinkPeer(Check):
             if err.kind is NvmlErrorKind.FUNCTION_NOT_FOUND:
                 return []  # a driver without fabric info (pre-R525): nothing to check
             return [self.result(ctx, Status.UNKNOWN, gpu_target(index), "NvmlReadError",
-                                f"cannot read the fabric state of {gpu_target(index)}: {err}")]
+                                f"cannot read the fabric state of {gpu_target(index)}: {err}",
+                                error_details(err))]
         if not info.supported or info.completed:
             return []
         return [self.result(
@@ -198,15 +210,19 @@ class NvlinkPeer(Check):
             {"fabric_state": info.state, "fabric_status": info.status}, Action.REBOOT)]
 
     def _counters(self, ctx: Context, links: Mapping[int, int]
-                  ) -> dict[tuple[int, int], dict[str, int] | None]:
+                  ) -> tuple[dict[tuple[int, int], dict[str, int] | None], dict[int, NvmlError]]:
+        """Error counters per (GPU, link), None where unreadable; and per GPU the first read
+        error (unsupported counters are simply absent)."""
         out: dict[tuple[int, int], dict[str, int] | None] = {}
+        errors: dict[int, NvmlError] = {}
         for index, n in links.items():
             for link in range(n):
                 try:
                     out[(index, link)] = ctx.host.nvml.nvlink_errors(index, link)
-                except NvmlError:
+                except NvmlError as err:
                     out[(index, link)] = None
-        return out
+                    errors.setdefault(index, err)
+        return out, errors
 
     def _counter_increases(self, ctx: Context, before: Mapping, after: Mapping) -> list[Result]:
         degraded = int(ctx.setting(self.name, "error_increase_degraded", 1))

@@ -24,9 +24,11 @@ Guarantees:
    handful of errors right after start is not a storm. A counter that went backwards (GPU reset,
    reboot) rebases the GPU's history and never alarms. No history (one-shot run, first poll):
    only link states are judged, ``details["window"] == "instantaneous"``.
-4. NVML errors: ``GpuLost`` / ``NvmlReadError`` make that GPU ``unknown``; a link whose state
-   reads ``Unknown`` is ``unknown`` on its own target (every link: the GPU result alone);
-   unsupported counters are left out, unreadable ones leave an otherwise fine GPU ``unknown``.
+4. NVML errors: ``GpuLost`` / ``NvmlReadError`` make that GPU ``unknown``, and so does a GPU
+   NVML cannot identify (checks/_gpus.py); a link whose state reads ``Unknown`` is ``unknown``
+   on its own target (every link: the GPU result alone); unsupported counters are left out,
+   unreadable ones leave the GPU ``unknown`` unless a link failed it (on the GPU result alone:
+   counters are not worth 18 results). Each says the NVML call and error.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from checks._gpus import poll_gpus, read_error
+from checks._gpus import poll_gpus, read_error, unidentified
 from gpu_monitor.check import Check, ClearTracker, Context
 from gpu_monitor.hw.nvml import GpuInfo, NvmlError, NvmlErrorKind
 from gpu_monitor.model import (
@@ -106,13 +108,13 @@ class NvlinkState(Check):
         target = gpu_target(gpu.index)
         expected = common["links_expected"]
         base = {"uuid": gpu.uuid, **common}
+        unread = unidentified(self, ctx, gpu, base, "NVLink")
+        if unread is not None:
+            return [unread]
         try:
-            if gpu.lost:
-                raise gpu.error or NvmlError(NvmlErrorKind.GPU_LOST, "nvmlDeviceGetHandle",
-                                             gpu.index)
-            states = nvml.nvlink_states(gpu.index, expected)
+            states, state_errors = nvml.nvlink_states_with_errors(gpu.index, expected)
             counters: dict[int, dict[str, int]] = {}
-            counter_errors: dict[int, str] = {}
+            counter_errors: dict[int, NvmlError] = {}
             for link, up in enumerate(states):
                 if up is None:
                     continue
@@ -121,15 +123,20 @@ class NvlinkState(Check):
                 except NvmlError as err:
                     if err.kind is NvmlErrorKind.GPU_LOST:
                         raise
-                    counter_errors[link] = err.kind.value
+                    counter_errors[link] = err
         except NvmlError as err:
             return [read_error(self, ctx, target, base, err, "NVLink")]
         if states and all(s is None for s in states):
+            first = next(iter(state_errors.values()), None)
             return [self.result(ctx, Status.UNKNOWN, target, "NvmlReadError",
-                                f"no NVLink state of {target} is readable", base)]
+                                f"no NVLink state of {target} is readable"
+                                + (f": {first}" if first else ""),
+                                {**base, "state_errors": {str(lk): str(e) for lk, e
+                                                          in state_errors.items()}})]
         if not states:
+            why = f" ({state_errors[0]})" if 0 in state_errors else ""
             return [self.result(ctx, Status.SKIPPED, target, "NotSupported",
-                                f"NVML reports no NVLink on {target}; profile "
+                                f"NVML reports no NVLink on {target}{why}; profile "
                                 f"{ctx.profile.name} expects {expected} links (wrong profile?)",
                                 {**base, "links_found": 0})]
         rates, window = self._rates(ctx, gpu, counters, common["window_s"])
@@ -138,7 +145,9 @@ class NvlinkState(Check):
         for link in range(expected):
             up = states[link] if link < len(states) else False
             if up is None:
-                links[link] = (Status.UNKNOWN, "NvmlReadError", "state unreadable", Action.NONE)
+                why = f": {state_errors[link]}" if link in state_errors else ""
+                links[link] = (Status.UNKNOWN, "NvmlReadError", f"state unreadable{why}",
+                               Action.NONE)
             elif not up:
                 what = "down" if link < len(states) else "missing (GPU reports fewer links)"
                 links[link] = ((Status.UNKNOWN, "BootGrace", f"{what} during the boot grace "
@@ -163,7 +172,8 @@ class NvlinkState(Check):
             "window": window,
         }
         if counter_errors:
-            details["counter_errors"] = {str(lk): k for lk, k in counter_errors.items()}
+            details["counter_errors"] = {str(lk): e.kind.value for lk, e in counter_errors.items()}
+            details["nvml_error"] = str(next(iter(counter_errors.values())))
         out: list[Result] = []
         for link, (status, reason, text, action) in sorted(links.items()):
             lt = nvlink_target(gpu.index, link)
@@ -179,15 +189,20 @@ class NvlinkState(Check):
                 self._open.discard(lt)  # type: ignore[union-attr]
                 out.append(self.ok(ctx, lt, f"NVLink {g}:{link} up, errors quiet",
                                    {"uuid": gpu.uuid, "gpu": g, "link": link}))
-        if links:
+        worst_link = max((f[0] for f in links.values()), key=STATUS_SEVERITY.__getitem__,
+                         default=Status.OK)
+        if counter_errors and STATUS_SEVERITY[worst_link] < STATUS_SEVERITY[Status.UNKNOWN]:
+            gpu_result = self.result(
+                ctx, Status.UNKNOWN, target, "NvmlReadError",
+                f"{target}: NVLink error counters of link(s) "
+                f"{', '.join(map(str, sorted(counter_errors)))} unreadable: "
+                f"{details['nvml_error']}", details)
+        elif links:
             status, reason, _, action = max(links.values(), key=lambda f: STATUS_SEVERITY[f[0]])
             bad = [f"{lk} {f[2]}" for lk, f in sorted(links.items()) if f[0] is status]
             gpu_result = self.result(ctx, status, target, reason,
                                      f"{target} NVLink: link {'; link '.join(bad)}", details,
                                      action)
-        elif counter_errors:
-            gpu_result = self.result(ctx, Status.UNKNOWN, target, "NvmlReadError",
-                                     f"{target}: NVLink error counters unreadable", details)
         else:
             gpu_result = self.ok(ctx, target, f"{details['links_up']}/{expected} links up",
                                  details)

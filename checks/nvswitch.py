@@ -11,7 +11,9 @@ Three signals about the NVLink fabric of an HGX-style node:
   held something, else ``unknown`` ``KmsgReadError`` naming the path and the error.
 - NVML GPU fabric registration per GPU (H100+ with NVSwitch; GB200): state not ``completed`` ->
   ``failed`` ``FabricNotReady``, a completed registration with an error status -> ``failed``
-  ``FabricError``; ``NotSupported`` -> ``skipped``.
+  ``FabricError``; ``NotSupported`` -> ``skipped``; a GPU list NVML cannot give, a GPU it
+  cannot identify or a fabric state it cannot read -> ``unknown`` ``NvmlReadError`` naming the
+  call (checks/_gpus.py).
 - Fabric Manager: when the profile says ``nvlink.nvswitch: true`` a process named
   ``nv-fabricmanager`` must exist in procfs, else ``degraded`` ``FabricManagerDown``.
 
@@ -29,6 +31,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from checks._gpus import enumeration_error, error_details, unidentified
 from checks._kmsg_events import (
     READ_ERROR,
     KernelLogScan,
@@ -267,8 +270,7 @@ class NvSwitch(Check):
         try:
             gpus = nvml.gpus()
         except NvmlError as exc:
-            log.info("nvswitch: cannot list GPUs for the fabric state: %s", exc)
-            return []
+            return [enumeration_error(self, ctx, exc)]
         grace, up, grace_s = self._in_grace(ctx)
         out = []
         for g in gpus:
@@ -276,7 +278,12 @@ class NvSwitch(Check):
             base = {"uuid": g.uuid}
             if g.lost:
                 out.append(self.result(ctx, Status.UNKNOWN, target, "NvmlReadError",
-                                       f"{target} is lost to NVML", base))
+                                       f"{target} is lost to NVML",
+                                       {**base, **(error_details(g.error) if g.error else {})}))
+                continue
+            unread = unidentified(self, ctx, g, base, "the fabric state")
+            if unread is not None:
+                out.append(unread)
                 continue
             try:
                 f = nvml.fabric(g.index)
@@ -287,11 +294,12 @@ class NvSwitch(Check):
                 else:
                     out.append(self.result(ctx, Status.UNKNOWN, target, "NvmlReadError",
                                            f"cannot read the fabric state: {exc}",
-                                           {**base, "error": str(exc)}))
+                                           {**base, "error": str(exc), **error_details(exc)}))
                 continue
             if not f.supported:
                 out.append(self.result(ctx, Status.SKIPPED, target, "NotSupported",
-                                       "GPU fabric state not supported here", base))
+                                       f"GPU fabric state not supported here ({f.call}: "
+                                       "not_supported)", {**base, "nvml_call": f.call}))
                 continue
             details = {**base, "fabric_state": FABRIC_STATES.get(f.state, str(f.state)),
                        "fabric_status": f.status, "clique_id": f.clique_id,

@@ -28,6 +28,11 @@ runs every host transfer at a fraction of the speed, silently. Per device this c
   (the copy test is part of what the bootstrap requires). A worker that hangs or crashes gives
   ``unknown`` (``WorkerTimeout``/``WorkerCrashed``).
 
+NVML errors (checks/_gpus.py): a GPU NVML cannot identify is ``unknown`` (without its PCI
+address its sysfs link and AER counters cannot be found); a link, replay-counter or NUMA read
+that fails (NotSupported aside) leaves the GPU ``unknown`` unless a failure was found, naming
+the call.
+
 Targets: a GPU's findings name the GPU (``gpu:<i>``, the unit that is reset or replaced; its
 ``pci_bus_id`` is in details); a NIC's name its PCI function (``pcie:<address>``, with the RDMA
 device names in details), since one NIC function can carry several ports.
@@ -40,9 +45,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from checks._gpus import enumeration_error
+from checks._gpus import ABSENT, enumeration_error, error_details, unidentified
 from gpu_monitor.check import Check, Context
-from gpu_monitor.hw.nvml import GpuInfo, NvmlError, NvmlErrorKind
+from gpu_monitor.hw.nvml import GpuInfo, NvmlError
 from gpu_monitor.hw.sysfs import PciDevice, pcie_gen
 from gpu_monitor.model import (
     ACTION_SEVERITY,
@@ -58,7 +63,6 @@ from gpu_monitor.model import (
 )
 from gpu_monitor.workers.pool import WORKER_REASONS, DeviceRef, Task, WorkerPool
 
-_ABSENT = (NvmlErrorKind.NOT_SUPPORTED, NvmlErrorKind.FUNCTION_NOT_FOUND)
 _GPU_IDLE = 0x1  # nvmlClocksEventReasonGpuIdle
 
 
@@ -155,7 +159,7 @@ class Pcie(Check):
         nics = _nics(ctx)
         gpu_devs = {g.index: _pci(ctx, g.pci_bus_id) for g in gpus}
         nic_devs = {n.address: sysfs.pci_device(n.address) for n in nics}
-        replays_before = {g.index: _replays(ctx, g.index) for g in gpus if not g.lost}
+        replays_before = {g.index: _replays(ctx, g.index) for g in gpus if g.identified}
 
         results: list[Result] = []
         copies = self._copy_bandwidth(ctx, gpus, results)  # the counters bracket this load
@@ -170,19 +174,25 @@ class Pcie(Check):
     # --- GPUs ----------------------------------------------------------------------------------
 
     def _gpu(self, ctx: Context, gpu: GpuInfo, before: PciDevice | None, nics: list[_Nic],
-             replays_before: int | None, copy: dict[str, Any] | None) -> Result:
+             replays_before: tuple[int | None, NvmlError | None] | None,
+             copy: dict[str, Any] | None) -> Result:
         target = gpu_target(gpu.index)
         f = _Findings(details={"uuid": gpu.uuid, "pci_bus_id": gpu.pci_bus_id})
         if gpu.lost:
             return self.result(ctx, Status.UNKNOWN, target, "NvmlReadError",
-                               f"{target} is lost (NVML GPU_IS_LOST)", f.details)
+                               f"{target} is lost (NVML GPU_IS_LOST)",
+                               {**f.details, **(error_details(gpu.error) if gpu.error else {})})
+        # Without its PCI address the GPU's sysfs link and AER counters cannot be found.
+        unread = unidentified(self, ctx, gpu, f.details, "the PCIe link")
+        if unread is not None:
+            return unread
         nvml = ctx.host.nvml
         want_gen, want_width = ctx.setting(self.name, "gen"), ctx.setting(self.name, "width")
         try:
             link = nvml.pcie_link(gpu.index)
         except NvmlError as exc:
             link = None
-            if exc.kind not in _ABSENT:
+            if exc.kind not in ABSENT:
                 f.errors.append(str(exc))
         now = _pci(ctx, gpu.pci_bus_id)
         if link is not None:
@@ -197,7 +207,7 @@ class Pcie(Check):
                 low.append(f"x{link.width} (max x{link.max_width}"
                            + (f", profile x{want_width})" if want_width else ")"))
             if low:
-                f.details["gpu_idle"] = _idle(ctx, gpu.index)
+                f.details["gpu_idle"] = _idle(ctx, f, gpu.index)
                 f.add(Status.FAILED, "PcieLinkDowngraded",
                       f"PCIe link trained below its capability: {', '.join(low)}")
         self._sysfs_link(f, now)
@@ -208,8 +218,13 @@ class Pcie(Check):
             self._copy(ctx, f, copy)
         return self._verdict(ctx, target, f)
 
-    def _replays(self, ctx: Context, f: _Findings, index: int, before: int | None) -> None:
-        after = _replays(ctx, index)
+    def _replays(self, ctx: Context, f: _Findings, index: int,
+                 before_read: tuple[int | None, NvmlError | None] | None) -> None:
+        before, before_error = before_read or (None, None)
+        after, after_error = _replays(ctx, index)
+        for err in (before_error, after_error):
+            if err is not None and err.kind not in ABSENT:
+                f.errors.append(str(err))
         if after is None:
             return
         limit = int(ctx.setting(self.name, "replay_increase_degraded", 80))
@@ -224,7 +239,7 @@ class Pcie(Check):
 
     def _topology(self, ctx: Context, f: _Findings, gpu: GpuInfo, dev: PciDevice | None,
                   nics: list[_Nic]) -> None:
-        numa = _numa(ctx, gpu.index, dev)
+        numa = _numa(ctx, f, gpu.index, dev)
         f.details["numa_node"] = numa
         want_numa = _nth(ctx.setting(self.name, "gpu_numa"), gpu.index)
         if want_numa is not None:
@@ -305,7 +320,7 @@ class Pcie(Check):
     def _copy_bandwidth(self, ctx: Context, gpus: list[GpuInfo],
                         results: list[Result]) -> dict[int, dict[str, Any]]:
         """Per GPU index, the worker's copy record; appends a node result when not measured."""
-        refs = [DeviceRef(g.index, g.uuid) for g in gpus if not g.lost]
+        refs = [DeviceRef(g.index, g.uuid) for g in gpus if g.identified]
         if not refs:
             return {}
         device_type = ctx.host.worker.device_type
@@ -404,24 +419,30 @@ def _pci(ctx: Context, address: str | None) -> PciDevice | None:
         return None
 
 
-def _replays(ctx: Context, index: int) -> int | None:
+def _replays(ctx: Context, index: int) -> tuple[int | None, NvmlError | None]:
+    """(the replay counter, None) or (None, why it could not be read)."""
     try:
-        return ctx.host.nvml.pcie_replay_counter(index)
-    except NvmlError:
-        return None
+        return ctx.host.nvml.pcie_replay_counter(index), None
+    except NvmlError as err:
+        return None, err
 
 
-def _idle(ctx: Context, index: int) -> bool | None:
+def _idle(ctx: Context, f: _Findings, index: int) -> bool | None:
     try:
         return bool(ctx.host.nvml.clock_event_reasons(index) & _GPU_IDLE)
-    except NvmlError:
+    except NvmlError as err:
+        if err.kind not in ABSENT:
+            f.errors.append(str(err))
         return None
 
 
-def _numa(ctx: Context, index: int, dev: PciDevice | None) -> int | None:
+def _numa(ctx: Context, f: _Findings, index: int, dev: PciDevice | None) -> int | None:
+    """NVML's NUMA node of the GPU, else (a driver without the call) the sysfs one. An NVML
+    error is a read error, not a cue to ask sysfs instead: NVML failing on the GPU is news."""
     try:
         node = ctx.host.nvml.numa_node(index)
-    except NvmlError:
+    except NvmlError as err:
+        f.errors.append(str(err))
         node = None
     if node is None and dev is not None:
         node = dev.numa_node

@@ -308,7 +308,7 @@ def _last_line(text: str) -> str:
 def _gpu_for(ctx: Context, port: IbPort) -> tuple[int, str] | None:
     """(index, PCI address) of the GPU that should hold the buffers for ``port``'s device."""
     try:
-        gpus = [g for g in ctx.host.nvml.gpus() if not g.lost and g.pci_bus_id]
+        gpus = [g for g in ctx.host.nvml.gpus() if g.identified]
     except Exception:  # noqa: BLE001 - no GPU means host memory, not a failure
         return None
     if not gpus:

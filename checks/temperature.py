@@ -17,9 +17,11 @@ Guarantees:
    called hot beside idle ones; colder than the peers is never a fault; fewer than
    ``MIN_PEERS`` comparable peers: not judged (said in details).
 3. HBM temperature unsupported (GDDR boards): the core alone is judged, and the message says so.
-4. An NVML error gives that GPU ``unknown`` (``GpuLost`` / ``NvmlReadError``, the kind in
-   details), ``skipped`` (``NotSupported``) when the core temperature is not supported. A GPU
-   that cannot be read is nobody's peer.
+4. An NVML error gives that GPU ``unknown`` (``GpuLost`` / ``NvmlReadError``, the call and kind
+   in details), ``skipped`` (``NotSupported``) when the core temperature is not supported; so
+   does a GPU NVML cannot identify (checks/_gpus.py). A power draw that cannot be read
+   (NotSupported aside) leaves the GPU ``unknown`` unless a hard limit already failed it. A GPU
+   that cannot be fully read is nobody's peer.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from checks._gpus import poll_gpus, read_error
+from checks._gpus import ABSENT, error_details, poll_gpus, read_error, unidentified
 from gpu_monitor.check import Check, ClearTracker, Context
 from gpu_monitor.hw.nvml import GpuInfo, NvmlError, NvmlErrorKind, Temperatures
 from gpu_monitor.model import STATUS_SEVERITY, Action, Kind, Result, Status, gpu_target
@@ -43,6 +45,7 @@ class _Reading:
     gpu: GpuInfo
     temps: Temperatures
     power_w: float | None
+    power_error: NvmlError | None = None
 
 
 class Temperature(Check):
@@ -69,22 +72,31 @@ class Temperature(Check):
         readings: dict[int, _Reading] = {}
         for gpu in gpus:
             target = gpu_target(gpu.index)
+            unread = unidentified(self, ctx, gpu, {"uuid": gpu.uuid}, "temperatures")
+            if unread is not None:
+                results[gpu.index] = unread
+                continue
             try:
-                if gpu.lost:
-                    raise gpu.error or NvmlError(NvmlErrorKind.GPU_LOST, "nvmlDeviceGetHandle",
-                                                 gpu.index)
                 temps = nvml.temperatures(gpu.index)
             except NvmlError as err:
                 results[gpu.index] = read_error(self, ctx, target, {"uuid": gpu.uuid}, err,
                                                 "temperatures")
                 continue
+            power_w: float | None = None  # unsupported: the peer comparison ignores load
+            power_error: NvmlError | None = None
             try:
-                power_w: float | None = nvml.power(gpu.index).usage_mw / 1000
-            except NvmlError:
-                power_w = None  # the peer comparison then ignores load
-            readings[gpu.index] = _Reading(gpu, temps, power_w)
+                power_w = nvml.power(gpu.index).usage_mw / 1000
+            except NvmlError as err:
+                if err.kind is NvmlErrorKind.GPU_LOST:
+                    results[gpu.index] = read_error(self, ctx, target, {"uuid": gpu.uuid}, err,
+                                                    "power draw")
+                    continue
+                if err.kind not in ABSENT:
+                    power_error = err
+            readings[gpu.index] = _Reading(gpu, temps, power_w, power_error)
+        peers = {i: r for i, r in readings.items() if r.power_error is None}
         for index, reading in readings.items():
-            results[index] = self._judge(ctx, reading, [r for i, r in readings.items()
+            results[index] = self._judge(ctx, reading, [r for i, r in peers.items()
                                                         if i != index])
         return self._clear.track(ctx, [results[g.index] for g in gpus])
 
@@ -134,6 +146,14 @@ class Temperature(Check):
                                   f"{deviation_limit:g} C)"))
         details["findings"] = list(dict.fromkeys(reason for _, reason, _ in found))
         note = "" if t.memory_c is not None else " (HBM temperature unsupported: core only)"
+        failed = any(status is Status.FAILED for status, _, _ in found)
+        if r.power_error is not None and not failed:
+            return self.result(ctx, Status.UNKNOWN, target, "NvmlReadError",
+                               f"cannot read the power draw of {target} (peer comparison needs "
+                               f"it): {r.power_error}",
+                               {**details, **error_details(r.power_error)})
+        if r.power_error is not None:
+            details.update(error_details(r.power_error))
         if not found:
             mem = f", HBM {t.memory_c} C" if t.memory_c is not None else ""
             return self.ok(ctx, target, f"core {t.core_c} C{mem}{note}", details)

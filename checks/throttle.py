@@ -30,6 +30,11 @@ Guarantees:
    fully observed an event active now keeps at least ``degraded``. ``details["window"]`` says
    which: ``instantaneous``, ``partial`` or ``sliding``.
 5. History is per GPU index and restarts when the GPU's UUID changes.
+6. NVML errors (checks/_gpus.py): a GPU that is lost or cannot be identified, or whose clock
+   event reasons cannot be read, is ``unknown`` (``skipped`` when the driver has no such call).
+   A thermal violation counter the driver lacks (NotSupported / FunctionNotFound) leaves the
+   sampled bits alone; one that fails otherwise leaves the GPU ``unknown`` naming the call,
+   unless the sampled bits already fail it.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from checks._gpus import poll_gpus, read_error
+from checks._gpus import ABSENT, error_details, poll_gpus, read_error, unidentified
 from gpu_monitor.check import Check, ClearTracker, Context
 from gpu_monitor.hw.nvml import GpuInfo, NvmlError, NvmlErrorKind
 from gpu_monitor.model import STATUS_SEVERITY, Action, Kind, Result, Status, gpu_target
@@ -130,19 +135,23 @@ class Throttle(Check):
         nvml = ctx.host.nvml
         target = gpu_target(gpu.index)
         base: dict[str, Any] = {"uuid": gpu.uuid}
-        if gpu.lost:
-            return read_error(self, ctx, target, base, gpu.error, "the GPU")
+        unread = unidentified(self, ctx, gpu, base, "clock events")
+        if unread is not None:
+            return unread
         try:
             mask = nvml.clock_event_reasons(gpu.index)
         except NvmlError as err:
             return read_error(self, ctx, target, base, err, "clock event reasons")
         thermal_ns: int | None = None
+        counter_error: NvmlError | None = None
         try:
             thermal_ns = nvml.violation_ns(gpu.index, "thermal").violation_ns
         except NvmlError as err:
             if err.kind is NvmlErrorKind.GPU_LOST:
                 return read_error(self, ctx, target, base, err, "violation time")
-            base["violation_counter_error"] = err.kind.value
+            base["violation_counter_error"] = str(err)
+            if err.kind not in ABSENT:
+                counter_error = err
 
         window = float(ctx.setting(self.name, "window_s", 600))
         deg = float(ctx.setting(self.name, "degraded_fraction", 0.05))
@@ -195,6 +204,10 @@ class Throttle(Check):
         unknown_bits = mask & ~sum(EVENT_BITS.values())
         if unknown_bits:
             details["unknown_event_bits"] = hex(unknown_bits)
+        if counter_error is not None and status is not Status.FAILED:
+            return self.result(ctx, Status.UNKNOWN, target, "NvmlReadError",
+                               f"cannot read the thermal violation time of {target}: "
+                               f"{counter_error}", {**details, **error_details(counter_error)})
         if status is Status.OK:
             others = [e for e in active if e not in FAULT_EVENTS]
             note = f"; not faults: {', '.join(others)}" if others else ""

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from gpu_monitor.check import Check, Context
+from gpu_monitor.hw.nvml import NvmlError
 from gpu_monitor.model import NODE, Report, Result, Status, verdict_of
 
 REQUIRED_NOTE = "required for the bootstrap"
@@ -61,20 +62,27 @@ def _invasive_gate(check: Check, ctx: Context) -> tuple[Result, ...]:
     """Invasive checks never run beside a workload or on MIG-partitioned GPUs.
 
     Foreign GPU processes give ``unknown`` (``GpuBusy``, the node was not proven healthy) naming
-    each holder, unless ``--force``; MIG mode gives ``skipped`` (``MigEnabled``).
+    each holder, unless ``--force``; MIG mode gives ``skipped`` (``MigEnabled``). A MIG mode or
+    process list NVML cannot read is ``unknown`` ``GpuBusy`` too, naming the call and error:
+    the GPU was not proven free. A GPU list NVML cannot give passes the gate: the check's own
+    enumeration reports it.
     """
     nvml = ctx.host.nvml
     if not nvml.available():
         return ()
+    try:
+        gpus = nvml.gpus()
+    except NvmlError:
+        return ()
     mig = []
-    for gpu in nvml.gpus():
+    for gpu in gpus:
         if getattr(gpu, "lost", False):
             continue
         try:
             if nvml.mig_enabled(gpu.index):
                 mig.append(gpu.index)
-        except Exception:  # noqa: BLE001 - an unreadable MIG mode is not MIG
-            continue
+        except NvmlError as err:
+            return (_not_proven_free(check, ctx, gpu.index, err),)
     if mig:
         return tuple(
             Result(check=check.name, status=Status.SKIPPED, target=f"gpu:{i}",
@@ -85,7 +93,10 @@ def _invasive_gate(check: Check, ctx: Context) -> tuple[Result, ...]:
         )
     if ctx.force:
         return ()
-    holders = ctx.host.gpu_holders()
+    try:
+        holders = ctx.host.gpu_holders()
+    except NvmlError as err:
+        return (_not_proven_free(check, ctx, err.gpu_index, err),)
     if not holders:
         return ()
     by_gpu: dict[int, list] = {}
@@ -102,6 +113,15 @@ def _invasive_gate(check: Check, ctx: Context) -> tuple[Result, ...]:
         )
         for i, hs in sorted(by_gpu.items())
     )
+
+
+def _not_proven_free(check: Check, ctx: Context, index: int | None, err: NvmlError) -> Result:
+    target = NODE if index is None else f"gpu:{index}"
+    return Result(check=check.name, status=Status.UNKNOWN, target=target, reason="GpuBusy",
+                  message=f"{check.name} refused: cannot tell whether {target} is free: {err}",
+                  details={"nvml_error": str(err), "nvml_error_kind": err.kind.value,
+                           "nvml_call": err.call},
+                  observed_at=ctx.clock.now())
 
 
 def _requirement_result(check: Check, ctx: Context, gap, required: bool) -> Result:

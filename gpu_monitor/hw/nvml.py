@@ -135,6 +135,21 @@ class NvmlErrorKind(str, Enum):
     CORRUPTED_INFOROM = "corrupted_inforom"
     ARGUMENT_VERSION_MISMATCH = "argument_version_mismatch"
     NOT_READY = "not_ready"
+    # The rest of nvml.h's return codes: rarer, but a check names them rather than "unknown".
+    ALREADY_INITIALIZED = "already_initialized"
+    INSUFFICIENT_SIZE = "insufficient_size"
+    INSUFFICIENT_POWER = "insufficient_power"  # a power cable not attached
+    IRQ_ISSUE = "irq_issue"
+    OPERATING_SYSTEM = "operating_system"
+    IN_USE = "in_use"
+    MEMORY = "memory"
+    NO_DATA = "no_data"
+    VGPU_ECC_NOT_SUPPORTED = "vgpu_ecc_not_supported"
+    INSUFFICIENT_RESOURCES = "insufficient_resources"
+    FREQ_NOT_SUPPORTED = "freq_not_supported"
+    DEPRECATED = "deprecated"
+    INVALID_STATE = "invalid_state"
+    RESET_TYPE_NOT_SUPPORTED = "reset_type_not_supported"
     UNKNOWN = "unknown"
 
     def __str__(self) -> str:
@@ -158,6 +173,20 @@ _CODE_KINDS: dict[int, NvmlErrorKind] = {
     25: NvmlErrorKind.ARGUMENT_VERSION_MISMATCH,
     27: NvmlErrorKind.NOT_READY,
     28: NvmlErrorKind.NOT_FOUND,  # NVML_ERROR_GPU_NOT_FOUND
+    5: NvmlErrorKind.ALREADY_INITIALIZED,
+    7: NvmlErrorKind.INSUFFICIENT_SIZE,
+    8: NvmlErrorKind.INSUFFICIENT_POWER,
+    11: NvmlErrorKind.IRQ_ISSUE,
+    17: NvmlErrorKind.OPERATING_SYSTEM,
+    19: NvmlErrorKind.IN_USE,
+    20: NvmlErrorKind.MEMORY,
+    21: NvmlErrorKind.NO_DATA,
+    22: NvmlErrorKind.VGPU_ECC_NOT_SUPPORTED,
+    23: NvmlErrorKind.INSUFFICIENT_RESOURCES,
+    24: NvmlErrorKind.FREQ_NOT_SUPPORTED,
+    26: NvmlErrorKind.DEPRECATED,
+    29: NvmlErrorKind.INVALID_STATE,
+    30: NvmlErrorKind.RESET_TYPE_NOT_SUPPORTED,
     999: NvmlErrorKind.UNKNOWN,
 }
 
@@ -179,6 +208,20 @@ _NAME_KINDS: dict[str, NvmlErrorKind] = {
     "NVMLError_ArgumentVersionMismatch": NvmlErrorKind.ARGUMENT_VERSION_MISMATCH,
     "NVMLError_NotReady": NvmlErrorKind.NOT_READY,
     "NVMLError_GpuNotFound": NvmlErrorKind.NOT_FOUND,
+    "NVMLError_AlreadyInitialized": NvmlErrorKind.ALREADY_INITIALIZED,
+    "NVMLError_InsufficientSize": NvmlErrorKind.INSUFFICIENT_SIZE,
+    "NVMLError_InsufficientPower": NvmlErrorKind.INSUFFICIENT_POWER,
+    "NVMLError_IrqIssue": NvmlErrorKind.IRQ_ISSUE,
+    "NVMLError_OperatingSystem": NvmlErrorKind.OPERATING_SYSTEM,
+    "NVMLError_InUse": NvmlErrorKind.IN_USE,
+    "NVMLError_Memory": NvmlErrorKind.MEMORY,
+    "NVMLError_NoData": NvmlErrorKind.NO_DATA,
+    "NVMLError_VgpuEccNotSupported": NvmlErrorKind.VGPU_ECC_NOT_SUPPORTED,
+    "NVMLError_InsufficientResources": NvmlErrorKind.INSUFFICIENT_RESOURCES,
+    "NVMLError_FreqNotSupported": NvmlErrorKind.FREQ_NOT_SUPPORTED,
+    "NVMLError_Deprecated": NvmlErrorKind.DEPRECATED,
+    "NVMLError_InvalidState": NvmlErrorKind.INVALID_STATE,
+    "NVMLError_ResetTypeNotSupported": NvmlErrorKind.RESET_TYPE_NOT_SUPPORTED,
     "NVMLError_Unknown": NvmlErrorKind.UNKNOWN,
 }
 
@@ -223,7 +266,15 @@ class SystemInfo:
 
 @dataclass(frozen=True)
 class GpuInfo:
-    """A GPU as NVML enumerates it. A lost GPU keeps its place with what could be read."""
+    """A GPU as NVML enumerates it. A lost GPU keeps its place with what could be read.
+
+    ``errors`` holds every identity read NVML answered with an error (the handle, UUID, name,
+    PCI info, serial, memory size; each ``NvmlError`` names its call), in call order; ``error``
+    is the first of them. A field left ``None`` without an error is one the part does not have
+    (serial or memory size NotSupported). ``identified`` is what a check asks before judging
+    the GPU: an unidentified GPU's readings cannot be tied to its board (the UUID keys results
+    in the store and metrics) or to its PCI device (sysfs, PCIe, kernel-log mapping).
+    """
 
     index: int
     uuid: str | None = None
@@ -233,6 +284,19 @@ class GpuInfo:
     memory_total_bytes: int | None = None
     lost: bool = False
     error: NvmlError | None = field(default=None, compare=False)
+    errors: tuple[NvmlError, ...] = field(default=(), compare=False)
+
+    def __post_init__(self) -> None:
+        # Either spelling may be given; each implies the other.
+        if self.errors and self.error is None:
+            object.__setattr__(self, "error", self.errors[0])
+        elif self.error is not None and not self.errors:
+            object.__setattr__(self, "errors", (self.error,))
+
+    @property
+    def identified(self) -> bool:
+        """Not lost, and every identity read answered."""
+        return not self.lost and self.error is None
 
 
 @dataclass(frozen=True)
@@ -309,6 +373,7 @@ class FabricInfo:
     supported: bool
     cluster_uuid: str = ""
     clique_id: int = 0
+    call: str = field(default="", compare=False)  # the NVML call that answered
 
     @property
     def completed(self) -> bool:
@@ -473,7 +538,7 @@ class NvmlReader:
         if self._module is not None or err is None:
             return ""
         reason = _UNAVAILABLE_REASONS.get(err.kind)
-        return reason or f"NVML initialisation failed: {err.message or err.kind.value}"
+        return reason or f"NVML initialisation failed: {err}"
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -548,10 +613,13 @@ class NvmlReader:
         return [self.gpu_info(i) for i in range(self.count())]
 
     def gpu_info(self, index: int) -> GpuInfo:
+        """One GPU's identity. Never raises an ``NvmlError``: each failed read is kept in
+        ``GpuInfo.errors`` (GpuIsLost ends the reads: ``lost``). A value NVML returns that
+        cannot be used (a PCI bus id that does not parse) is an error of its call too."""
         try:
             self._handle(index)
         except NvmlError as err:
-            return GpuInfo(index, lost=err.kind is NvmlErrorKind.GPU_LOST, error=err)
+            return GpuInfo(index, lost=err.kind is NvmlErrorKind.GPU_LOST, errors=(err,))
         steps: tuple[tuple[str, str, Callable[[Any], Any], bool], ...] = (
             ("uuid", "nvmlDeviceGetUUID", _text, False),
             ("name", "nvmlDeviceGetName", _text, False),
@@ -560,16 +628,22 @@ class NvmlReader:
             ("memory_total_bytes", "nvmlDeviceGetMemoryInfo", lambda m: int(m.total), True),
         )
         values: dict[str, Any] = {}
-        first_error: NvmlError | None = None
+        errors: list[NvmlError] = []
         for key, call, convert, optional in steps:
             try:
-                values[key] = convert(self._device(call, index))
+                raw = self._device(call, index)
             except NvmlError as err:
                 if err.kind is NvmlErrorKind.GPU_LOST:
-                    return GpuInfo(index, **values, lost=True, error=err)
+                    return GpuInfo(index, **values, lost=True, errors=(*errors, err))
                 if not (optional and err.kind is NvmlErrorKind.NOT_SUPPORTED):
-                    first_error = first_error or err
-        return GpuInfo(index, **values, error=first_error)
+                    errors.append(err)
+                continue
+            try:
+                values[key] = convert(raw)
+            except ValueError as exc:
+                errors.append(NvmlError(NvmlErrorKind.UNKNOWN, call, index,
+                                        f"returned an unusable {key}: {exc}"))
+        return GpuInfo(index, **values, errors=tuple(errors))
 
     # -- memory health -------------------------------------------------------------------------
 
@@ -683,19 +757,28 @@ class NvmlReader:
     def nvlink_states(self, index: int, max_links: int = 18) -> list[bool | None]:
         """Up/down per link, stopping at the first link the GPU does not have; ``None`` where one
         link's state could not be read (``Unknown`` / ``Timeout``). ``[]``: no NVLink."""
+        return self.nvlink_states_with_errors(index, max_links)[0]
+
+    def nvlink_states_with_errors(self, index: int, max_links: int = 18
+                                  ) -> tuple[list[bool | None], dict[int, NvmlError]]:
+        """``nvlink_states`` and, for each ``None`` in it, the error that link's read gave;
+        at key ``len(states)``, the answer that ended the list before ``max_links``."""
         states: list[bool | None] = []
+        errors: dict[int, NvmlError] = {}
         for link in range(max_links):
             try:
                 state = self._device("nvmlDeviceGetNvLinkState", index, link)
             except NvmlError as err:
                 if err.kind in (NvmlErrorKind.INVALID_ARGUMENT, NvmlErrorKind.NOT_SUPPORTED):
+                    errors[link] = err
                     break
                 if err.kind in (NvmlErrorKind.UNKNOWN, NvmlErrorKind.TIMEOUT):
+                    errors[link] = err
                     states.append(None)
                     continue
                 raise
             states.append(int(state) == NVML_FEATURE_ENABLED)
-        return states
+        return states, errors
 
     def nvlink_errors(self, index: int, link: int) -> dict[str, int]:
         """Error counters of one link by ``NVLINK_COUNTERS`` name; unsupported ones are absent."""
@@ -734,7 +817,7 @@ class NvmlReader:
             except NvmlError as err:
                 if err.kind is NvmlErrorKind.NOT_SUPPORTED:
                     return FabricInfo(NVML_GPU_FABRIC_STATE_NOT_SUPPORTED,
-                                      NVML_ERROR_NOT_SUPPORTED, False)
+                                      NVML_ERROR_NOT_SUPPORTED, False, call=call)
                 retry = (NvmlErrorKind.FUNCTION_NOT_FOUND, NvmlErrorKind.ARGUMENT_VERSION_MISMATCH)
                 if err.kind in retry and n + 1 < len(attempts):
                     continue
@@ -747,6 +830,7 @@ class NvmlReader:
                 supported=state != NVML_GPU_FABRIC_STATE_NOT_SUPPORTED,
                 cluster_uuid=str(uuid.UUID(bytes=raw)) if any(raw) else "",
                 clique_id=int(info.cliqueId),
+                call=call,
             )
         raise AssertionError("unreachable")  # pragma: no cover
 

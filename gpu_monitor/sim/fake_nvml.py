@@ -523,17 +523,17 @@ class FakeNvml:
             if name in errors:
                 raise error_class(errors[name])()
 
-    def _require_init(self, call: str) -> None:
+    def _require_init(self, *calls: str) -> None:
         if self._refcount <= 0:
             raise _fail(NVML_ERROR_UNINITIALIZED)
-        self._system_error(call)
+        self._system_error(*calls)
 
     def _enumerated(self) -> list[GpuSpec]:
         return sorted((g for g in self.spec.gpus if not g.missing), key=lambda g: g.index)
 
     def _gpu(self, handle: Any, *calls: str) -> GpuSpec:
         """The GPU behind ``handle`` after the lost / injected-error checks for ``calls``."""
-        self._require_init(calls[0])
+        self._require_init(*calls)
         if not isinstance(handle, FakeDeviceHandle):
             raise _fail(NVML_ERROR_INVALID_ARGUMENT)
         gpu = next((g for g in self.spec.gpus if g.index == handle.slot), None)
@@ -989,6 +989,23 @@ FUNCTIONS: tuple[str, ...] = tuple(sorted(
     if n.startswith("nvml") and callable(getattr(FakeNvml, n))
     and not isinstance(getattr(FakeNvml, n), type)
 ))
+
+#: Calls that name no GPU: an error injected on one goes in ``NodeSpec.nvml_errors``.
+SYSTEM_FUNCTIONS: frozenset[str] = frozenset({
+    "nvmlInit", "nvmlInitWithFlags", "nvmlShutdown", "nvmlDeviceGetCount",
+    "nvmlSystemGetDriverVersion", "nvmlSystemGetCudaDriverVersion",
+    "nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetNVMLVersion",
+})
+
+#: Calls that can fail for one GPU (``GpuSpec.nvml_errors``), and the field ids
+#: ``nvmlDeviceGetFieldValues`` answers per field (an injected error is that field's
+#: ``nvmlReturn``, the call itself succeeds, as on real NVML).
+DEVICE_FUNCTIONS: frozenset[str] = frozenset(
+    set(FUNCTIONS) - SYSTEM_FUNCTIONS - {"nvmlErrorString", "nvmlExceptionClass"})
+FIELD_NAMES: frozenset[str] = frozenset(_FIELD_NAMES.values())
+
+#: Every NVML error the fake can raise, by pynvml's class name less ``NVMLError_``.
+ERROR_NAMES: tuple[str, ...] = tuple(n[len("NVMLError_"):] for n in ERROR_CLASSES)
 
 
 def fake_pynvml_module(spec: NodeSpec, fake: FakeNvml | None = None) -> types.ModuleType:

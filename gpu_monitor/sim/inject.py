@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpu_monitor.model import canonical_pci
+from gpu_monitor.sim import fake_nvml
 from gpu_monitor.sim.spec import (
     CLOCK_EVENT_HW_POWER_BRAKE,
     CLOCK_EVENT_HW_SLOWDOWN,
@@ -85,7 +86,7 @@ class Fault:
 @dataclass(frozen=True)
 class FaultKind:
     name: str
-    target: str  # "gpu", "ib", "nvswitch", "node"
+    target: str  # "gpu", "ib", "nvswitch", "node", "gpu or node"
     params: tuple[str, ...]
     summary: str
     apply: Callable[[NodeSpec, Fault], None]
@@ -99,11 +100,12 @@ _TARGET_RES = {
     "ib": re.compile(r"^ib:[A-Za-z0-9_\-]+:\d+$"),
     "nvswitch": re.compile(r"^nvswitch:\d+$"),
     "node": re.compile(r"^node$"),
+    "gpu or node": re.compile(r"^(gpu:\d+|node)$"),
     "sysfs": re.compile(r"^(?:gpu:\d+|nvswitch:\d+|ib:[A-Za-z0-9_\-]+:\d+"
                         r"|pcie:[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])$"),
 }
 _TARGET_EXAMPLES = {"gpu": "gpu:3", "ib": "ib:mlx5_0:1", "nvswitch": "nvswitch:0",
-                    "node": "node",
+                    "node": "node", "gpu or node": "gpu:3 or node",
                     "sysfs": "gpu:0, nvswitch:0, ib:mlx5_0:1 or pcie:0000:4f:00.0"}
 
 
@@ -426,21 +428,37 @@ def _sysfs(spec: NodeSpec, f: Fault) -> None:
     spec.sysfs_overrides[(owner, rel)] = SysfsOverride(shape, f.params.get("value", ""))
 
 
-NVML_ERRORS = ("GpuIsLost", "NotSupported", "Unknown", "NoPermission", "Timeout",
-               "InvalidArgument", "Uninitialized", "DriverNotLoaded", "InsufficientResources")
+#: Every error pynvml can raise, by its class name less ``NVMLError_`` (nvml.h's return codes).
+NVML_ERRORS = fake_nvml.ERROR_NAMES
 
 
 def _nvml_error(spec: NodeSpec, f: Fault) -> None:
-    g = _gpu(spec, f)
+    """``@gpu:N``: the call fails for that GPU (a ``NVML_FI_*`` name fails that field of
+    ``nvmlDeviceGetFieldValues``); ``@node``: the call fails for every GPU, and calls that name
+    no GPU (nvmlInit, nvmlDeviceGetCount, nvmlSystemGet*) fail at all. A name the simulated
+    NVML does not have is refused: an injection that changes nothing would pass any test."""
     call = f.params.get("call")
     error = f.choice("error", NVML_ERRORS, "GpuIsLost")
+    if f.target == "node":
+        if not call or call == "*":
+            raise InjectError(f"{f.text}: call=NAME is required at node")
+        if call not in fake_nvml.FUNCTIONS and call not in fake_nvml.FIELD_NAMES:
+            raise InjectError(f"{f.text}: call={call!r} is not an NVML function of the "
+                              "simulated node")
+        spec.nvml_errors[call] = error
+        return
+    g = _gpu(spec, f)
     if not call or call == "*":
         if error == "GpuIsLost":
             g.lost = True
             return
         raise InjectError(f"{f.text}: call=NAME is required unless error=GpuIsLost")
-    if not re.match(r"^nvml[A-Za-z0-9_]+$", call):
-        raise InjectError(f"{f.text}: call={call!r} is not an NVML function name")
+    if call in fake_nvml.SYSTEM_FUNCTIONS:
+        raise InjectError(f"{f.text}: {call} names no GPU; inject it at the node: "
+                          f"nvml-error@node,call={call},error={error}")
+    if call not in fake_nvml.DEVICE_FUNCTIONS and call not in fake_nvml.FIELD_NAMES:
+        raise InjectError(f"{f.text}: call={call!r} is not a per-GPU NVML function of the "
+                          "simulated node (or an NVML_FI_* field it answers)")
     g.nvml_errors[call] = error
 
 
@@ -517,9 +535,10 @@ KINDS: dict[str, FaultKind] = {
         FaultKind("dcgm-fail", "gpu", ("test",), "a DCGM diagnostic test fails on the GPU",
                   _dcgm_fail),
         FaultKind("ib-bw", "ib", ("gbit",), "RDMA loopback bandwidth in Gbit/s", _ib_bw),
-        FaultKind("nvml-error", "gpu", ("call", "error"),
-                  "an NVML call raises an error (call=*, error=GpuIsLost: the GPU is lost)",
-                  _nvml_error),
+        FaultKind("nvml-error", "gpu or node", ("call", "error"),
+                  "an NVML call raises an error for the GPU (call=*, error=GpuIsLost: the GPU "
+                  "is lost), or at the node for every GPU and for nvmlInit, "
+                  "nvmlDeviceGetCount, nvmlSystemGet*", _nvml_error),
         FaultKind("gpu-process", "gpu", ("pid", "name", "mib"),
                   "a foreign process holds the GPU", _gpu_process),
         FaultKind("missing", "node", ("what",),

@@ -160,6 +160,9 @@ class NodeSpec:
     cuda_driver_version: int = 12040  # nvmlSystemGetCudaDriverVersion: 12.4
     nvml_version: str = "12.550.90.07"
     nvml_library_missing: bool = False
+    # NVML call name -> error name, for every GPU and for the calls no GPU is named in
+    # (nvmlInit, nvmlDeviceGetCount, nvmlSystemGet*)
+    nvml_errors: dict[str, str] = field(default_factory=dict)
     gpus: list[GpuSpec] = field(default_factory=list)
     ib_ports: list[IbPortSpec] = field(default_factory=list)
     nvswitches: list[NvSwitchSpec] = field(default_factory=list)

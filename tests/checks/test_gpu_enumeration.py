@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from checks._gpus import active_gpus
 from checks.burn_in import BurnIn
 from checks.ecc_memory import EccMemory
 from checks.inventory import Inventory
@@ -69,3 +70,42 @@ def test_an_active_check_leaves_a_lost_gpu_out_says_so_and_tests_the_rest(node, 
     rest = [r for r in results if r.target != "gpu:2"]
     assert rest and all(r.status is Status.OK for r in rest), rest  # the others were tested
     assert not [r.target for r in rest if "2" in r.target.split(":")[1:]]  # none with gpu:2
+
+
+IDENTITY = ["nvmlDeviceGetHandleByIndex", "nvmlDeviceGetUUID", "nvmlDeviceGetName",
+            "nvmlDeviceGetPciInfo", "nvmlDeviceGetSerial", "nvmlDeviceGetMemoryInfo"]
+
+
+@pytest.mark.parametrize("call", IDENTITY)
+@pytest.mark.parametrize("cls", PASSIVE, ids=lambda c: c.name)
+def test_a_gpu_nvml_cannot_identify_is_unknown_naming_the_call_and_the_rest_are_judged(
+        node, cls, call):
+    node.spec.gpu(2).nvml_errors[call] = "InsufficientPower"
+    results = cls().poll(_ctx(node))
+    gpu2 = [r for r in results if r.target == "gpu:2"]
+    assert [(r.status, r.reason) for r in gpu2] == [(Status.UNKNOWN, "NvmlReadError")]
+    assert call in gpu2[0].message
+    assert (gpu2[0].details["nvml_call"], gpu2[0].details["nvml_error_kind"]) == (
+        call, "insufficient_power")
+    others = [r for r in results if r.target.startswith("gpu:") and r.target != "gpu:2"]
+    assert len(others) == 7 and all(r.status is Status.OK for r in others), others
+
+
+@pytest.mark.parametrize("call", IDENTITY)
+def test_an_active_check_leaves_out_a_gpu_nvml_cannot_identify(node, call):
+    node.spec.gpu(5).nvml_errors[call] = "Unknown"
+    results, usable = active_gpus(BurnIn(), _ctx(node), "not burned")
+    assert [g.index for g in usable] == [0, 1, 2, 3, 4, 6, 7]
+    assert all(g.uuid for g in usable)  # every worker can prove it opened the right device
+    (res,) = results
+    assert (res.target, res.status, res.reason) == ("gpu:5", Status.UNKNOWN, "DeviceUnavailable")
+    assert call in res.message and res.details["nvml_call"] == call
+
+
+def test_an_identity_field_a_part_does_not_have_is_no_error(node):
+    for g in node.spec.gpus:
+        g.nvml_errors.update({"nvmlDeviceGetSerial": "NotSupported",
+                              "nvmlDeviceGetMemoryInfo": "NotSupported"})
+    results, usable = active_gpus(BurnIn(), _ctx(node), "not burned")
+    assert results == [] and len(usable) == 8
+    assert all(r.status is Status.OK for r in Temperature().poll(_ctx(node)))

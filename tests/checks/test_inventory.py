@@ -132,6 +132,41 @@ def test_enumeration_error_is_unknown(sim):
     assert r.status is Status.UNKNOWN and r.reason == "NvmlReadError"
 
 
+@pytest.mark.parametrize("call", ["nvmlDeviceGetName", "nvmlDeviceGetHandleByIndex",
+                                  "nvmlDeviceGetUUID", "nvmlDeviceGetPciInfo",
+                                  "nvmlDeviceGetSerial", "nvmlDeviceGetMemoryInfo"])
+def test_a_gpu_nvml_cannot_identify_is_unknown_naming_the_call(sim, call):
+    # The issue: a failing nvmlDeviceGetName crashed the check (None.lower()); a failing
+    # nvmlDeviceGetUUID reported the GPU ok with a None UUID.
+    node, ctx = sim("h100-sxm-8", f"nvml-error@gpu:2,call={call},error=Unknown")
+    outcome = run_check(Inventory(), ctx)
+    assert outcome.success
+    results = by_target(outcome.results)
+    gpu2 = results["gpu:2"]
+    assert (gpu2.status, gpu2.reason) == (Status.UNKNOWN, "NvmlReadError")
+    assert call in gpu2.message and gpu2.details["nvml_call"] == call
+    assert gpu2.details["pci_bus_id"] == node.spec.gpus[2].pci_bus_id  # its slot, still
+    assert all(results[f"gpu:{i}"].status is Status.OK for i in range(8) if i != 2)
+    assert results["node"].status is Status.OK  # 8 GPUs counted, driver read
+
+
+def test_an_unreadable_driver_version_is_an_unknown_node_and_the_gpus_are_still_judged(sim):
+    node, ctx = sim()
+    node.spec.nvml_errors["nvmlSystemGetDriverVersion"] = "Unknown"
+    results = by_target(run_check(Inventory(), ctx).results)
+    assert (results["node"].status, results["node"].reason) == (Status.UNKNOWN, "NvmlReadError")
+    assert "nvmlSystemGetDriverVersion" in results["node"].message
+    assert all(results[f"gpu:{i}"].status is Status.OK for i in range(8))
+
+
+def test_a_lost_gpu_names_the_call_that_said_so(sim):
+    _, ctx = sim("h100-sxm-8", "nvml-error@gpu:6,call=nvmlDeviceGetUUID,error=GpuIsLost")
+    gpu6 = by_target(run_check(Inventory(), ctx).results)["gpu:6"]
+    assert (gpu6.status, gpu6.reason) == (Status.FAILED, "GpuLost")
+    assert (gpu6.details["nvml_call"], gpu6.details["nvml_error_kind"]) == (
+        "nvmlDeviceGetUUID", "gpu_lost")
+
+
 @pytest.mark.parametrize("text, want", [("535.104.05", (535, 104, 5)), ("12.4", (12, 4)),
                                         ("550.54.15-rc1", (550, 54, 15)), ("", ())])
 def test_version_tuple(text, want):

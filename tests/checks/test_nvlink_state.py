@@ -320,6 +320,23 @@ def test_error_counters_unreadable_do_not_hide_a_down_link(rig):
     assert res.details["counter_errors"]["0"] == "unknown"
 
 
+def test_unreadable_error_counters_name_the_call_on_the_gpu_result_alone(rig):
+    r = rig()
+    r.gpus[3].nvml_errors["nvmlDeviceGetNvLinkErrorCounter"] = "InsufficientPower"
+    res = r.poll()["gpu:3"]
+    assert (res.status, res.reason) == (Status.UNKNOWN, "NvmlReadError")
+    assert "nvmlDeviceGetNvLinkErrorCounter" in res.message
+    assert "insufficient_power" in res.message
+    assert not [t for t in r.poll() if t.startswith("nvlink:3:")]  # one result, not 18
+
+
+def test_an_unreadable_link_state_says_why(rig):
+    r = rig("nvml-error@gpu:1,call=nvmlDeviceGetNvLinkState,error=Timeout")
+    res = r.poll()["gpu:1"]
+    assert (res.status, res.reason) == (Status.UNKNOWN, "NvmlReadError")
+    assert "nvmlDeviceGetNvLinkState" in res.message and "timeout" in res.message
+
+
 def test_lost_gpu_is_unknown_gpu_lost_and_keeps_its_open_links(rig):
     r = rig("nvlink-down@gpu:4,link=9")
     assert r.poll()["nvlink:4:9"].status is Status.FAILED

@@ -281,6 +281,34 @@ def test_gpus_without_fabric_support_are_skipped(fake_clock):
         s.close()
 
 
+def test_a_gpu_list_nvml_cannot_give_is_an_unknown_beside_the_fabric_manager(sim):
+    sim.node.spec.nvml_errors["nvmlDeviceGetCount"] = "Unknown"
+    results = NvSwitch().poll(sim.ctx())
+    node = [r for r in results if r.target == "node"]
+    assert sorted((r.status, r.reason) for r in node) == [(Status.OK, "Ok"),
+                                                          (Status.UNKNOWN, "NvmlReadError")]
+    unknown = next(r for r in node if r.status is Status.UNKNOWN)
+    assert "nvmlDeviceGetCount" in unknown.message
+    assert unknown.details["nvml_error_kind"] == "unknown"
+    assert not [r for r in results if r.target.startswith("gpu:")]  # no GPU is said fine
+
+
+@pytest.mark.parametrize("call", ["nvmlDeviceGetUUID", "nvmlDeviceGetPciInfo",
+                                  "nvmlDeviceGetHandleByIndex"])
+def test_a_gpu_nvml_cannot_identify_has_an_unknown_fabric_state(sim, call):
+    sim.node.spec.gpus[3].nvml_errors[call] = "Unknown"
+    g3 = by_target(NvSwitch().poll(sim.ctx()))["gpu:3"]
+    assert (g3.status, g3.reason, g3.details["nvml_call"]) == (Status.UNKNOWN, "NvmlReadError",
+                                                               call)
+
+
+def test_unsupported_fabric_info_names_the_call_that_said_so(sim):
+    sim.node.spec.gpus[1].nvml_errors["nvmlDeviceGetGpuFabricInfoV"] = "NotSupported"
+    g1 = by_target(NvSwitch().poll(sim.ctx()))["gpu:1"]
+    assert (g1.status, g1.reason) == (Status.SKIPPED, "NotSupported")
+    assert "nvmlDeviceGetGpuFabricInfoV" in g1.message
+
+
 # --- Fabric Manager ---------------------------------------------------------------------------
 
 

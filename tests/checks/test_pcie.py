@@ -299,6 +299,34 @@ def test_nvml_errors_make_the_gpu_unknown(node, fault):
     assert problems(res) == {"gpu:2": (Status.UNKNOWN, "NvmlReadError")}
 
 
+@pytest.mark.parametrize("call", ["nvmlDeviceGetPcieReplayCounter", "nvmlDeviceGetNumaNodeId",
+                                  "nvmlDeviceGetPciInfo", "nvmlDeviceGetUUID"])
+def test_an_nvml_read_the_gpu_result_rests_on_that_fails_makes_it_unknown(node, call):
+    _, ctx = node(f"nvml-error@gpu:3,call={call},error=InsufficientPower")
+    res = run(ctx)
+    assert problems(res) == {"gpu:3": (Status.UNKNOWN, "NvmlReadError")}
+    assert call in res["gpu:3"].message
+    assert "insufficient_power" in res["gpu:3"].message
+
+
+@pytest.mark.parametrize("call", ["nvmlDeviceGetPcieReplayCounter", "nvmlDeviceGetNumaNodeId"])
+def test_an_unsupported_replay_counter_or_numa_query_is_no_error(node, call):
+    _, ctx = node(f"nvml-error@gpu:3,call={call},error=NotSupported")
+    res = run(ctx)
+    assert problems(res) == {}
+    assert res["gpu:3"].status is Status.OK
+
+
+def test_a_gpu_nvml_cannot_place_on_the_bus_is_never_matched_to_a_sysfs_device(node):
+    # Its sysfs link is downgraded, but without its PCI address nothing can say it is its own.
+    _, ctx = node("pcie-downgrade@gpu:4,width=8",
+                  "nvml-error@gpu:4,call=nvmlDeviceGetPciInfo,error=Unknown")
+    res = run(ctx)["gpu:4"]
+    assert (res.status, res.reason) == (Status.UNKNOWN, "NvmlReadError")
+    assert res.details["nvml_call"] == "nvmlDeviceGetPciInfo"
+    assert "sysfs_link_width" not in res.details
+
+
 def test_unsupported_link_query_still_judges_sysfs(node):
     _, ctx = node("pcie-downgrade@gpu:1,width=4",
                   "nvml-error@gpu:1,call=nvmlDeviceGetCurrPcieLinkWidth,error=NotSupported")

@@ -157,6 +157,29 @@ def test_without_power_readings_every_peer_is_comparable(rig):
     assert res.details["power_w"] is None
 
 
+@pytest.mark.parametrize("error", ["Unknown", "InsufficientPower", "Timeout"])
+def test_an_unreadable_power_draw_leaves_a_fine_gpu_unknown_and_out_of_the_peers(rig, error):
+    r = rig()
+    r.gpus[3].nvml_errors["nvmlDeviceGetPowerUsage"] = error
+    r.gpus[3].temperature_core_c = 59  # an outlier below slowdown: only the peers would tell
+    results = r.poll()
+    res = results["gpu:3"]
+    assert (res.status, res.reason) == (Status.UNKNOWN, "NvmlReadError")
+    assert "nvmlDeviceGetPowerUsage" in res.message
+    assert res.details["nvml_call"] == "nvmlDeviceGetPowerUsage"
+    assert results["gpu:0"].details["comparable_peers_core"] == 6  # gpu:3 is nobody's peer
+    assert all(results[f"gpu:{i}"].status is Status.OK for i in range(8) if i != 3)
+
+
+def test_an_unreadable_power_draw_does_not_hide_a_hard_limit(rig):
+    r = rig()
+    r.gpus[3].nvml_errors["nvmlDeviceGetPowerUsage"] = "Unknown"
+    r.gpus[3].temperature_core_c = 95
+    res = r.poll()["gpu:3"]
+    assert (res.status, res.reason) == (Status.FAILED, "TempAboveSlowdown")
+    assert res.details["nvml_call"] == "nvmlDeviceGetPowerUsage"
+
+
 def test_unsupported_hbm_temperature_judges_the_core_only_and_says_so(rig):
     r = rig()
     for g in r.gpus:

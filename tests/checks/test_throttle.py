@@ -290,6 +290,22 @@ def test_violation_counter_errors_fall_back_to_sampled_bits(rig, error):
     assert res.details["violation_counter_error"]
 
 
+@pytest.mark.parametrize("error, status, reason", [
+    ("Unknown", Status.UNKNOWN, "NvmlReadError"),
+    ("InsufficientPower", Status.UNKNOWN, "NvmlReadError"),
+    ("NotSupported", Status.OK, "Ok"),  # a driver without the counter: the sampled bits alone
+    ("FunctionNotFound", Status.OK, "Ok"),
+])
+def test_a_violation_counter_that_fails_leaves_a_quiet_gpu_unknown(rig, error, status, reason):
+    r = rig()
+    r.node.spec.gpus[2].nvml_errors["nvmlDeviceGetViolationStatus"] = error
+    res = r.poll()["gpu:2"]
+    assert (res.status, res.reason) == (status, reason)
+    assert "nvmlDeviceGetViolationStatus" in res.details["violation_counter_error"]
+    if status is Status.UNKNOWN:
+        assert "nvmlDeviceGetViolationStatus" in res.message
+
+
 def test_gpu_enumeration_failure_is_one_unknown_node_result(rig):
     r = rig()
     r.host.nvml = NvmlReader(FakeNvml(r.node.spec, {"nvmlDeviceGetCount": "Unknown"}))

@@ -315,3 +315,50 @@ def test_the_bootstrap_suite_verdict_is_unknown_when_a_required_tool_is_missing(
     _, report = run_suite([Good(), RequiredDcgm()], ctx(StubHost(unmet="DCGM not installed")),
                           bootstrap=True)
     assert report.verdict.value == "unknown" and report.exit_code == 3
+
+
+# --- the invasive gate over the real NVML reader (the simulated node's fake pynvml) -------------
+
+
+@pytest.fixture
+def sim_ctx():
+    from gpu_monitor.config import DEFAULT_CONFIG
+    from gpu_monitor.profiles import load_profile
+    from gpu_monitor.sim.node import SimulatedNode
+
+    node = SimulatedNode(load_profile("h100-sxm-8"), [])
+    host = node.host()
+    yield node, Context(host=host, profile=load_profile("h100-sxm-8").for_simulation(),
+                        config=DEFAULT_CONFIG)
+    host.close()
+
+
+class InvasiveGpu(Invasive):
+    name = "invasive_gpu"
+    requires = frozenset({"gpu"})
+
+
+@pytest.mark.parametrize("call", ["nvmlDeviceGetMigMode", "nvmlDeviceGetComputeRunningProcesses",
+                                  "nvmlDeviceGetGraphicsRunningProcesses"])
+def test_a_gpu_the_gate_cannot_prove_free_refuses_the_check_naming_the_call(sim_ctx, call):
+    node, c = sim_ctx
+    node.spec.gpus[3].nvml_errors[call] = "Unknown"
+    outcome = run_check(InvasiveGpu(), c)
+    (r,) = outcome.results
+    assert (r.status, r.reason, r.target) == (Status.UNKNOWN, "GpuBusy", "gpu:3")
+    assert call in r.message and r.details["nvml_call"] == call
+
+
+def test_an_unsupported_mig_mode_is_no_mig(sim_ctx):
+    node, c = sim_ctx
+    node.spec.gpus[3].nvml_errors["nvmlDeviceGetMigMode"] = "NotSupported"
+    (r,) = run_check(InvasiveGpu(), c).results
+    assert r.status is Status.OK
+
+
+def test_a_gpu_list_nvml_cannot_give_passes_the_gates_to_the_check(sim_ctx):
+    node, c = sim_ctx
+    node.spec.nvml_errors["nvmlDeviceGetCount"] = "Unknown"
+    outcome = run_check(InvasiveGpu(), c)  # neither requirement nor gate raises
+    assert outcome.success and [r.reason for r in outcome.results] == ["Ok"]
+    assert c.host.unmet({"gpu"}, c) == ""

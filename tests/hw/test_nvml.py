@@ -14,6 +14,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpu_monitor.hw import nvml as nvml_mod
 from gpu_monitor.hw.nvml import (
@@ -184,8 +186,8 @@ def test_missing_nvml_library_is_unavailable_with_a_reason(spec):
     ("NoPermission", K.NO_PERMISSION, "no permission to open the NVIDIA device files"),
     ("LibRmVersionMismatch", K.LIB_RM_VERSION_MISMATCH,
      "NVML library and kernel driver versions differ (driver updated without a reboot?)"),
-    ("Unknown", K.UNKNOWN, "NVML initialisation failed: Unknown Error"),
-    ("Timeout", K.TIMEOUT, "NVML initialisation failed: Timeout"),
+    ("Unknown", K.UNKNOWN, "NVML initialisation failed: nvmlInit: Unknown Error (unknown)"),
+    ("Timeout", K.TIMEOUT, "NVML initialisation failed: nvmlInit: Timeout (timeout)"),
 ])
 def test_init_failures_name_their_cause(spec, error, kind, reason):
     reader = NvmlReader(FakeNvml(spec, system_errors={"nvmlInit": error}))
@@ -252,7 +254,10 @@ def test_real_pynvml_through_the_default_loader():
     ("FunctionNotFound", K.FUNCTION_NOT_FOUND),
     ("ResetRequired", K.RESET_REQUIRED),
     ("CorruptedInforom", K.CORRUPTED_INFOROM),
-    ("InsufficientResources", K.UNKNOWN),
+    ("InsufficientResources", K.INSUFFICIENT_RESOURCES),
+    ("InsufficientPower", K.INSUFFICIENT_POWER),
+    ("IrqIssue", K.IRQ_ISSUE),
+    ("NotReady", K.NOT_READY),
 ])
 def test_nvml_errors_become_nvmlerror_with_kind_call_and_gpu(reader, spec, error, kind):
     spec.gpus[3].nvml_errors["nvmlDeviceGetRemappedRows"] = error
@@ -382,6 +387,66 @@ def test_handle_error_other_than_lost(reader, spec):
     spec.gpus[0].nvml_errors["nvmlDeviceGetHandleByIndex"] = "Unknown"
     info = reader.gpu_info(0)
     assert not info.lost and info.error.kind is K.UNKNOWN
+
+
+def test_every_identity_error_is_kept_in_call_order_and_the_first_is_error(reader, spec):
+    spec.gpus[4].nvml_errors.update({"nvmlDeviceGetName": "InsufficientPower",
+                                     "nvmlDeviceGetSerial": "Timeout"})
+    info = reader.gpu_info(4)
+    assert [(e.call, e.kind) for e in info.errors] == [
+        ("nvmlDeviceGetName", K.INSUFFICIENT_POWER), ("nvmlDeviceGetSerial", K.TIMEOUT)]
+    assert info.error is info.errors[0] and info.error.gpu_index == 4
+    assert not info.identified and not info.lost
+    assert (info.uuid, info.pci_bus_id) == (spec.gpus[4].uuid, "0000:58:00.0")
+
+
+@pytest.mark.parametrize("call", ["nvmlDeviceGetHandleByIndex", "nvmlDeviceGetUUID",
+                                  "nvmlDeviceGetName", "nvmlDeviceGetPciInfo"])
+def test_a_required_identity_call_unsupported_is_an_error_not_a_blank(reader, spec, call):
+    spec.gpus[1].nvml_errors[call] = "NotSupported"
+    info = reader.gpu_info(1)
+    assert not info.identified
+    assert (info.error.call, info.error.kind) == (call, K.NOT_SUPPORTED)
+
+
+def test_a_gpu_read_whole_is_identified(reader):
+    assert all(g.identified and g.errors == () and g.error is None for g in reader.gpus())
+
+
+def test_a_lost_gpu_is_not_identified_and_keeps_the_errors_before(reader, spec):
+    spec.gpus[2].nvml_errors.update({"nvmlDeviceGetUUID": "Unknown",
+                                     "nvmlDeviceGetPciInfo": "GpuIsLost"})
+    info = reader.gpu_info(2)
+    assert info.lost and not info.identified
+    assert [e.call for e in info.errors] == ["nvmlDeviceGetUUID", "nvmlDeviceGetPciInfo"]
+    assert info.name == H100 and info.uuid is None
+
+
+def test_gpuinfo_error_and_errors_imply_each_other():
+    err = NvmlError(K.GPU_LOST, "nvmlDeviceGetHandleByIndex", 0)
+    assert nvml_mod.GpuInfo(0, lost=True, error=err).errors == (err,)
+    assert nvml_mod.GpuInfo(0, errors=(err,)).error is err
+    assert nvml_mod.GpuInfo(0).identified
+
+
+@pytest.mark.parametrize("bus_id", [b"", b"garbage", b"0000:zz:00.0", "GPU-1234"])
+def test_an_unusable_pci_bus_id_is_an_error_of_its_call(fake, bus_id):
+    reader = NvmlReader(Overlay(fake, nvmlDeviceGetPciInfo=lambda h: SimpleNamespace(busId=bus_id)))
+    info = reader.gpu_info(0)
+    assert info.pci_bus_id is None and not info.identified
+    assert (info.error.call, info.error.kind) == ("nvmlDeviceGetPciInfo", K.UNKNOWN)
+    assert "unusable pci_bus_id" in info.error.message
+
+
+@settings(deadline=None, derandomize=True, max_examples=200)
+@given(st.one_of(st.binary(max_size=40), st.text(max_size=40)))
+def test_gpu_info_never_raises_whatever_bus_id_nvml_returns(bus_id):
+    fake = FakeNvml(make_spec(1))
+    reader = NvmlReader(Overlay(fake, nvmlDeviceGetPciInfo=lambda h: SimpleNamespace(busId=bus_id)))
+    info = reader.gpu_info(0)
+    assert (info.pci_bus_id is None) == (not info.identified)
+    if info.pci_bus_id is not None:
+        assert re.fullmatch(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", info.pci_bus_id)
 
 
 def test_count_error_raises(reader, fake):
@@ -619,6 +684,20 @@ def test_unreadable_link_state_is_none(reader, spec):
     assert reader.nvlink_states(0, max_links=3) == [None, None, None]
 
 
+def test_link_state_errors_say_why_each_link_is_unreadable_or_where_the_links_end(reader, spec):
+    spec.gpus[0].nvml_errors["nvmlDeviceGetNvLinkState"] = "Timeout"
+    states, errors = reader.nvlink_states_with_errors(0, max_links=2)
+    assert states == [None, None]
+    assert [(lk, e.kind) for lk, e in errors.items()] == [(0, K.TIMEOUT), (1, K.TIMEOUT)]
+    spec.gpus[0].nvml_errors.clear()
+    spec.gpus[0].nvlink_up = [True] * 12
+    states, errors = reader.nvlink_states_with_errors(0, max_links=18)
+    assert states == [True] * 12 and list(errors) == [12]
+    assert errors[12].kind is K.INVALID_ARGUMENT  # past the GPU's last link
+    spec.gpus[0].nvlink_up = []
+    assert reader.nvlink_states_with_errors(0)[1][0].kind is K.NOT_SUPPORTED
+
+
 def test_nvlink_state_on_a_lost_gpu_raises(reader, spec):
     spec.gpus[0].lost = True
     with pytest.raises(NvmlError) as info:
@@ -675,6 +754,7 @@ def test_fabric_in_progress(reader, spec):
 def test_fabric_not_supported_is_a_value(reader, spec):
     spec.gpus[0].fabric_supported = False
     assert reader.fabric(0) == FabricInfo(0, 3, False)
+    assert reader.fabric(0).call == "nvmlDeviceGetGpuFabricInfoV"  # which call said so
 
 
 def test_fabric_state_not_supported_is_unsupported(reader, spec):

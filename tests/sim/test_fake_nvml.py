@@ -258,6 +258,37 @@ def test_injected_error_hits_that_call_on_that_gpu_only(nvml, spec, call, args):
     getattr(nvml, call)(h(nvml, 0), *args)
 
 
+def test_every_per_gpu_function_is_one_the_fault_tests_exercise():
+    handle_lookups = {"nvmlDeviceGetHandleByIndex", "nvmlDeviceGetHandleByUUID",
+                      "nvmlDeviceGetHandleByPciBusId"}
+    pre_ampere = {"nvmlDeviceGetRetiredPages", "nvmlDeviceGetRetiredPagesPendingStatus"}
+    assert fake_nvml.DEVICE_FUNCTIONS - handle_lookups - pre_ampere == {
+        c for c, _ in DEVICE_CALLS}
+
+
+@pytest.mark.parametrize(("call", "args"), DEVICE_CALLS, ids=[c for c, _ in DEVICE_CALLS])
+def test_a_node_level_error_hits_that_call_on_every_gpu(nvml, spec, call, args):
+    spec.nvml_errors[call] = "InsufficientPower"
+    for i in range(len(spec.gpus)):
+        with pytest.raises(nvml.NVMLError_InsufficientPower):
+            getattr(nvml, call)(h(nvml, i), *args)
+
+
+@pytest.mark.parametrize("call", ["nvmlDeviceGetCount", "nvmlSystemGetDriverVersion",
+                                  "nvmlSystemGetCudaDriverVersion", "nvmlSystemGetNVMLVersion"])
+def test_a_node_level_error_hits_a_call_that_names_no_gpu(nvml, spec, call):
+    spec.nvml_errors[call] = "Unknown"
+    with pytest.raises(nvml.NVMLError_Unknown):
+        getattr(nvml, call)()
+
+
+@pytest.mark.parametrize("call", ["nvmlInit", "nvmlInitWithFlags"])
+def test_a_node_level_init_error_fails_init(spec, call):
+    spec.nvml_errors[call] = "DriverNotLoaded"
+    with pytest.raises(fake_nvml.NVMLError_DriverNotLoaded):
+        FakeNvml(spec).nvmlInit()
+
+
 def test_lost_gpu_is_enumerated_but_its_handle_raises_gpu_is_lost(nvml, spec):
     spec.gpus[2].lost = True
     assert nvml.nvmlDeviceGetCount() == 4
@@ -587,6 +618,23 @@ def test_exception_classes_match_pynvmls(pynvml):
     for name, cls in fake_nvml.ERROR_CLASSES.items():
         assert cls().value == getattr(pynvml, name)().value, name
     assert hasattr(pynvml, "NVMLLibraryMismatchError")
+
+
+def test_the_calls_that_name_no_gpu_take_no_device_in_pynvml_and_the_rest_do(pynvml):
+    for name in fake_nvml.SYSTEM_FUNCTIONS:
+        params = list(inspect.signature(inspect.unwrap(getattr(pynvml, name))).parameters)
+        assert params in ([], ["flags"]), (name, params)
+    for name in fake_nvml.DEVICE_FUNCTIONS:
+        params = list(inspect.signature(inspect.unwrap(getattr(pynvml, name))).parameters)
+        assert params and params[0] in ("handle", "device", "index", "uuid", "pciBusId"), (
+            name, params)
+    assert set(fake_nvml.FUNCTIONS) == (fake_nvml.SYSTEM_FUNCTIONS | fake_nvml.DEVICE_FUNCTIONS
+                                        | {"nvmlErrorString", "nvmlExceptionClass"})
+
+
+def test_every_error_name_is_a_pynvml_error_class(pynvml):
+    assert {f"NVMLError_{n}" for n in fake_nvml.ERROR_NAMES} == {
+        n for n in dir(pynvml) if n.startswith("NVMLError_")}
 
 
 def test_every_fake_function_exists_in_pynvml_with_the_same_parameters(pynvml):

@@ -142,6 +142,38 @@ def test_hot_port_down_ib_bw_dcgm_process_nvml_error():
     assert s.gpu(4).lost
 
 
+def test_nvml_error_at_the_node_fails_a_call_for_every_gpu_and_calls_that_name_none():
+    s = spec()
+    for text in ("nvml-error@node,call=nvmlDeviceGetCount,error=Unknown",
+                 "nvml-error@node,call=nvmlInit,error=DriverNotLoaded",
+                 "nvml-error@node,call=nvmlDeviceGetTemperature,error=InsufficientPower",
+                 "nvml-error@gpu:1,call=NVML_FI_DEV_MEMORY_TEMP,error=NotReady"):
+        apply(text, s)
+    assert s.nvml_errors == {"nvmlDeviceGetCount": "Unknown", "nvmlInit": "DriverNotLoaded",
+                             "nvmlDeviceGetTemperature": "InsufficientPower"}
+    assert s.gpu(1).nvml_errors == {"NVML_FI_DEV_MEMORY_TEMP": "NotReady"}
+
+
+@pytest.mark.parametrize("error", inject.NVML_ERRORS)
+def test_nvml_error_takes_every_error_pynvml_can_raise(error):
+    s = apply(f"nvml-error@gpu:0,call=nvmlDeviceGetUUID,error={error}")
+    assert s.gpu(0).nvml_errors == {"nvmlDeviceGetUUID": error}
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("nvml-error@gpu:2,call=nvmlDeviceGetCount,error=Unknown", "nvml-error@node,call="),
+    ("nvml-error@gpu:2,call=nvmlInit", "names no GPU"),
+    ("nvml-error@gpu:2,call=nvmlDeviceGetTemprature", "not a per-GPU NVML function"),
+    ("nvml-error@node,call=nvmlFooBar", "not an NVML function"),
+    ("nvml-error@node", "call=NAME is required at node"),
+    ("nvml-error@gpu:2,call=nvmlDeviceGetUUID,error=Bogus", "expected one of"),
+    ("nvml-error@nvswitch:0,call=nvmlDeviceGetUUID", "gpu or node target"),
+])
+def test_nvml_error_refuses_what_would_inject_nothing(text, needle):
+    with pytest.raises(InjectError, match=needle):
+        apply(text)
+
+
 def test_targets_that_do_not_exist_are_errors():
     with pytest.raises(InjectError, match="no gpu:9"):
         apply("xid@gpu:9,code=79")
