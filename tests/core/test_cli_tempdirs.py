@@ -54,7 +54,7 @@ ENDINGS = [
     ("success", ("check", "inventory", *SIM), 0),
     ("unhealthy", ("check", "inventory", *SIM, "--inject", "gpu-missing@gpu:7"), 1),
     ("daemon-once", ("daemon", "--once", *SIM), 0),
-    ("kmsg-with-simulate", ("check", "xid", *SIM, "--kmsg", "/dev/null"), 2),
+    ("kmsg-with-simulate", ("check", "xid", *SIM, "--kmsg", "/dev/null"), 3),  # log gave nothing
     ("fault-target-not-on-node", ("check", "inventory", *SIM, "--inject", "hot@gpu:99"), 2),
     ("fault-value-bad", ("check", "inventory", *SIM, "--inject", "hot@gpu:1,core=abc"), 2),
     ("unknown-check", ("check", "no_such_check", *SIM), 2),
