@@ -93,7 +93,7 @@ class NvlinkPeer(Check):
     timeout = 900.0
     reasons = ("NvLinkDown", "NvLinkMissing", "NvLinkErrors", "NvLinkReadError",
                "FabricNotReady", "P2pDataMismatch", "P2pBandwidthLow", "P2pUnavailable",
-               "DeviceUnavailable", "NvmlReadError", *WORKER_REASONS)
+               "DeviceUnavailable", "NvmlReadError", "PairsNotCopied", *WORKER_REASONS)
 
     def run(self, ctx: Context) -> Sequence[Result]:
         results, usable = active_gpus(self, ctx, "not tested")
@@ -153,7 +153,16 @@ class NvlinkPeer(Check):
                 f" and {len(bad) - 12} more" if len(bad) > 12 else "")
         else:
             message = f"{copied} pairs copied, data verified, links up"
-        results.append(self.ok(ctx, NODE, message, details))
+        wanted = len(refs) * (len(refs) - 1)
+        if copied < wanted:
+            # The summary is only as good as the copies behind it: pairs the worker never
+            # reported were not verified, so the node's peer copies are undecided.
+            details["pairs_expected"] = wanted
+            results.append(self.result(ctx, Status.UNKNOWN, NODE, "PairsNotCopied",
+                                       f"{message}; {wanted - copied} of {wanted} pairs were "
+                                       "not copied", details))
+        else:
+            results.append(self.ok(ctx, NODE, message, details))
         return results
 
     # -- NVML ---------------------------------------------------------------------------------

@@ -129,6 +129,9 @@ def test_a_hung_copy_worker_is_unknown_on_the_pair_it_was_copying():
     assert r.message.startswith("worker for peer copies timed out after ")
     assert r.message.endswith(" s (at copy gpu:0 -> gpu:2)")
     assert not [t for t in res if t.startswith("p2p:") and t != "p2p:0:2"]
+    # No pair was verified: the node's summary is not an ok.
+    assert (res["node"].status, res["node"].reason) == (Status.UNKNOWN, "PairsNotCopied")
+    assert res["node"].details["pairs_expected"] == 6
 
 
 def test_pattern_keys_differ_for_every_ordered_pair():
