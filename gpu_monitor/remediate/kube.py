@@ -966,6 +966,10 @@ class NodeClient:
         self.events.flush()
         return queued
 
+    def event_delivered(self, reason: str, message: str) -> bool:
+        """Whether the Event (reason, message) queued by ``event`` has been accepted."""
+        return self._events is not None and self.events.was_sent((reason, message[:1024]))
+
     def flush_events(self) -> int:
         """Deliver waiting Events (one attempt each, never waiting); the number delivered."""
         return self.events.flush() if self._events is not None else 0

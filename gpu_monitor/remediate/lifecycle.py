@@ -483,28 +483,31 @@ class Remediator:
 
     def _announce_state_recoveries(self) -> None:
         """One ``StateRecovered`` Event per recovery of the state file (state_recovery.py keeps
-        the record in the fresh store; the mark that it was sent persists, so a restart does
-        not repeat it). The recovery really happened, so no ``[dry-run]`` prefix."""
+        the record in the fresh store). The record is marked announced only once the API server
+        accepted the Event, so an outage or a restart before that delays it, never loses it.
+        The recovery really happened, so no ``[dry-run]`` prefix."""
         from gpu_monitor.state_recovery import mark_announced, recoveries
 
+        waiting = False
         for rec in recoveries(self.store):
             if rec.announced:
                 continue
+            message = (
+                f"the state file {rec.path} was damaged ({rec.detail}) and was moved aside "
+                f"to {rec.moved_to} at {iso(rec.at)} (by the {rec.by}); gpu-monitor started "
+                f"an empty store: counters restart at 0, history windows start empty, the "
+                f"bootstrap suite runs again, quarantine state comes from the node's labels")
             try:
-                sent = self.node.event(
-                    "StateRecovered",
-                    f"the state file {rec.path} was damaged ({rec.detail}) and was moved aside "
-                    f"to {rec.moved_to} at {iso(rec.at)} (by the {rec.by}); gpu-monitor started "
-                    f"an empty store: counters restart at 0, history windows start empty, the "
-                    f"bootstrap suite runs again, quarantine state comes from the node's labels",
-                    type="Warning")
-            except Exception as exc:  # noqa: BLE001 - retried on the next tick
+                if not self.node.event_delivered("StateRecovered", message):
+                    # queued (or merged into the one waiting) and tried at once
+                    self.node.event("StateRecovered", message, type="Warning")
+                if self.node.event_delivered("StateRecovered", message):
+                    mark_announced(self.store, rec.moved_to)
+                    continue
+            except Exception as exc:  # noqa: BLE001 - tried again on the next tick
                 log.warning("cannot send Event StateRecovered: %s", exc)
-                return
-            if not sent:
-                return  # held back as a repeat of a failed attempt: sent after the repeat window
-            mark_announced(self.store, rec.moved_to)
-        self._memo.recoveries_announced = True
+            waiting = True
+        self._memo.recoveries_announced = not waiting
 
     # --- reports and operator requests ---------------------------------------------------------
 
