@@ -30,8 +30,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 
 from gpu_monitor.check import Check, Context
-from gpu_monitor.model import NODE, Kind, Report, Result, Status
-from gpu_monitor.runner import RunOutcome, run_check
+from gpu_monitor.model import NODE, Kind, Report, Result, RunOutcome, Status
+from gpu_monitor.runner import run_check
 
 log = logging.getLogger(__name__)
 

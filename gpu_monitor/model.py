@@ -1,8 +1,8 @@
-"""The shared vocabulary: statuses, actions, results and reports.
+"""The shared vocabulary: statuses, actions, results, runs and reports.
 
 Every part of gpu-monitor speaks in these frozen values and nothing else: checks produce
-``Result`` objects, the store persists them, the metrics collector and the remediation policy
-read them. Keeping the vocabulary in one small module means a check never needs to know who
+``Result`` objects, the runner wraps one check's run in a ``RunOutcome``, the store persists
+them, the metrics collector and the remediation policy read them. Keeping the vocabulary in one small module means a check never needs to know who
 consumes its output (detection is separate from delivery).
 
 The JSON form of ``Report`` is a public contract (docs/report-schema.md, ``SCHEMA_VERSION``).
@@ -255,6 +255,24 @@ class Result:
             action=Action(data.get("action", "none")),
             observed_at=parse_iso(data["observed_at"]),
         )
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """One run of one check: its results, and whether the run itself completed.
+
+    ``success`` is the framework's view (node_exporter's ``scrape_collector_success``): the
+    check ran to completion -- no crash, no timeout, its requirements met -- whatever its
+    results say. ``error`` names why it did not (``timeout``, ``requirement-missing``, the
+    exception's type).
+    """
+
+    check: str
+    results: tuple[Result, ...]
+    started_at: datetime
+    duration_s: float
+    success: bool
+    error: str = ""
 
 
 def verdict_of(results: Iterable[Result]) -> Verdict:
