@@ -18,6 +18,8 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Any
 
+from gpu_monitor import __version__
+
 SCHEMA_VERSION = 1
 
 
@@ -103,6 +105,14 @@ VERDICT_EXIT = {
     Verdict.UNHEALTHY: EXIT_UNHEALTHY,
     Verdict.UNKNOWN: EXIT_UNKNOWN,
 }
+
+
+class UsageError(Exception):
+    """Bad flags, config or profile: the command exits ``EXIT_USAGE`` (2) with this message.
+
+    Raised wherever the mistake is found (the CLI's wiring, check selection, the daemon's
+    listener, a subcommand) and turned into the exit code once, by ``cli.main``.
+    """
 
 _REASON_RE = re.compile(r"^[A-Z][A-Za-z0-9]*$")
 
@@ -305,8 +315,6 @@ class Report:
         return VERDICT_EXIT[self.verdict]
 
     def to_dict(self) -> dict[str, Any]:
-        from gpu_monitor import __version__
-
         return {
             "schema": SCHEMA_VERSION,
             "tool_version": self.tool_version or __version__,
