@@ -30,6 +30,7 @@ This module imports no torch; ``corrupt`` works on whatever tensor it is handed.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Mapping
@@ -83,8 +84,6 @@ class Seam:
 def flip_bit(tensor: Any, flat_index: int) -> None:
     """Flip the top mantissa bit (floats) or the lowest bit (integers) of element
     ``flat_index`` of a contiguous tensor, in place."""
-    import math
-
     import torch  # the worker has it already; the daemon never calls this
 
     ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
