@@ -1,16 +1,20 @@
 """The ``gpu-monitor`` command line: argument parsing and wiring, nothing else.
 
-Every subcommand builds the same pieces (config, host, profile, store, checks) through
-``build_env`` and hands them to the runner, the daemon or the remediation layer. Exit codes of
-one-shot commands are a contract: 0 healthy (degraded results are listed), 1 unhealthy, 2 usage
-or configuration error, 3 could not decide; 130 after Ctrl-C and 143 after SIGTERM, each once
-every ``finally`` has run (a simulated node's temporary tree is always removed).
+Every subcommand builds the same pieces (config, host, profile, store) through ``build_env``
+and hands them, with the checks it selected (suite.py), to the runner, the daemon or the
+remediation layer. This module is the composition root: it alone decides between this host
+and the simulated node (``--simulate``), and nothing imports it but the entry points. Exit
+codes of one-shot commands are a contract: 0 healthy (degraded results are listed), 1
+unhealthy, 2 usage or configuration error, 3 could not decide; 130 after Ctrl-C and 143 after
+SIGTERM, each once every ``finally`` has run (a simulated node's temporary tree is always
+removed).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -23,20 +27,30 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_monitor import __version__
-from gpu_monitor.model import (
-    EXIT_USAGE,
-    STATUS_SEVERITY,
-    Kind,
-    Report,
-    Status,
-)
+from gpu_monitor import __version__, logs
+from gpu_monitor.check import Context
+from gpu_monitor.clock import Clock
+from gpu_monitor.config import ConfigError, load_config
+from gpu_monitor.daemon import run_daemon, run_once
+from gpu_monitor.fabric.cli import register as register_fabric
+from gpu_monitor.host import Host
+from gpu_monitor.hw.paths import DEFAULT_STATE_DB, HostPaths
+from gpu_monitor.model import EXIT_USAGE, Kind, UsageError
+from gpu_monitor.profiles import ProfileError, load_profile, match_profile
+from gpu_monitor.registry import all_check_classes
+from gpu_monitor.remediate.cli import register as register_remediation
+from gpu_monitor.remediate.kube import KubeConfigError, kubeconfig_factory
+from gpu_monitor.report_output import emit
+from gpu_monitor.runner import RunnerHooks, run_suite
+from gpu_monitor.sim.inject import KINDS, InjectError, help_text, parse
+from gpu_monitor.sim.node import SimulatedNode
+from gpu_monitor.state import Store, StoreError
+from gpu_monitor.state_cli import register as register_state
+from gpu_monitor.state_recovery import AUTO_RECOVER_MAX_COPIES
+from gpu_monitor.state_recovery import recover as open_or_recover
+from gpu_monitor.suite import bootstrap_suite, select_checks
 
 log = logging.getLogger("gpu_monitor")
-
-
-class UsageError(Exception):
-    """Bad flags, config or profile: exit 2 with this message."""
 
 
 # --- argument parsing -----------------------------------------------------------------------------
@@ -86,8 +100,6 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from gpu_monitor.sim.inject import help_text
-
     parser = argparse.ArgumentParser(
         prog="gpu-monitor",
         description="GPU node-health checks, daemon and remediation.",
@@ -145,14 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--context", metavar="NAME", help="kubeconfig context (default: current)")
     d.set_defaults(func=cmd_daemon)
 
-    from gpu_monitor.remediate.cli import register as register_remediation
-
     register_remediation(sub)
-    from gpu_monitor.fabric.cli import register as register_fabric
-
     register_fabric(sub)
-    from gpu_monitor.state_cli import register as register_state
-
     register_state(sub)
     return parser
 
@@ -171,9 +177,7 @@ class Env:
     sim: Any = None
     extras: dict = field(default_factory=dict)
 
-    def context(self, force: bool = False, one_shot: bool = True):
-        from gpu_monitor.check import Context
-
+    def context(self, force: bool = False, one_shot: bool = True) -> Context:
         return Context(host=self.host, profile=self.profile, config=self.config, node=self.node,
                        clock=self.clock, store=self.store, force=force, one_shot=one_shot,
                        log=logging.getLogger("gpu_monitor.check"))
@@ -195,74 +199,62 @@ def _split(values: Sequence[str] | str | None) -> list[str]:
 
 
 def build_env(args: argparse.Namespace, clock=None) -> Env:
-    from gpu_monitor.clock import Clock
-    from gpu_monitor.config import ConfigError, load_config
-    from gpu_monitor.hw.paths import DEFAULT_STATE_DB, HostPaths
-    from gpu_monitor.profiles import ProfileError, load_profile
-    from gpu_monitor.sim.inject import InjectError, parse
-    from gpu_monitor.state import Store, StoreError
-
+    """The pieces every command runs on, built in order: config (and logging), node name,
+    host and profile (this host, or the simulated node with its faults), state store. Any step
+    that fails closes what the earlier ones opened; a bad flag or file is a ``UsageError``."""
     clock = clock or Clock()
+    config = _load_config(args)
+    node = getattr(args, "node_name", None) or config.node_name or os.environ.get(
+        "NODE_NAME") or socket.gethostname()
+    faults = _faults(args)
+    host, profile, sim = _open_host(args, config, faults, node)
+    store = _open_store(args, config, clock, host, simulated=sim is not None)
+    return Env(config=config, profile=profile, host=host, store=store, node=node, clock=clock,
+               sim=sim)
+
+
+def _load_config(args: argparse.Namespace):
+    """``--config`` (validated), and logging set up as it and the flags say."""
     try:
         config = load_config(getattr(args, "config", None))
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
-
-    from gpu_monitor import logs
-
     logs.setup(getattr(args, "log_format", None) or config.log_format,
                getattr(args, "log_level", None) or config.log_level)
+    return config
 
-    node = getattr(args, "node_name", None) or config.node_name or os.environ.get(
-        "NODE_NAME") or socket.gethostname()
+
+def _faults(args: argparse.Namespace) -> list:
+    """The ``--inject`` faults, parsed; they need ``--simulate`` (never this host)."""
     injects = getattr(args, "inject", []) or []
-    simulate = getattr(args, "simulate", None)
-    if injects and not simulate:
+    if injects and not getattr(args, "simulate", None):
         raise UsageError("--inject needs --simulate PROFILE (faults are injected into a "
                          "simulated node, never into this host)")
     try:
-        faults = [parse(s) for s in injects]
+        return [parse(s) for s in injects]
     except InjectError as exc:
         raise UsageError(f"--inject {exc}") from None
 
+
+def _open_host(args: argparse.Namespace, config, faults: list, node: str):
+    """(host, profile, simulated node or None): the simulated node for ``--simulate``, else
+    this host under the ``--path.*`` roots; the profile with the config applied."""
     sim = host = None
+    simulate = getattr(args, "simulate", None)
     profile_arg = getattr(args, "profile", None) or config.profile or "auto"
     try:
         if simulate:
-            from gpu_monitor.sim.node import SimulatedNode
-
-            sim_profile = load_profile(simulate)
-            # Every file is validated before the simulated node is built (a bad one costs
-            # nothing and leaves nothing behind).
-            profile = config.apply_to(
-                sim_profile if profile_arg == "auto" else load_profile(profile_arg))
-            try:
-                sim = SimulatedNode(sim_profile, faults, hostname=node)
-            except InjectError as exc:
-                raise UsageError(f"--inject {exc}") from None
+            sim, profile = _simulated_node(args, simulate, profile_arg, config, faults, node)
             host = sim.host()
             if args.kmsg:
                 # A given log replaces the simulated node's own (replaying a saved log against
                 # a profile's topology); faults that write kernel-log lines then go unread.
-                import dataclasses
-
                 host.paths = dataclasses.replace(host.paths, kmsg=args.kmsg)
+            profile = profile.for_simulation()
         else:
-            from gpu_monitor.host import Host
-
-            paths = HostPaths(
-                sysfs=args.path_sysfs or "/sys",
-                procfs=args.path_procfs or "/proc",
-                dev=args.path_dev or "/dev",
-                rootfs=args.path_rootfs or "/",
-                kmsg=args.kmsg,
-            ) if (args.path_sysfs or args.path_procfs or args.path_dev or args.path_rootfs
-                  or args.kmsg) else HostPaths()
-            host = Host.real(paths)
+            host = Host.real(_host_paths(args))
             profile = config.apply_to(
                 _auto_profile(host) if profile_arg == "auto" else load_profile(profile_arg))
-        if sim is not None:
-            profile = profile.for_simulation()
     except (ProfileError, ConfigError) as exc:
         if sim is not None:
             sim.close()
@@ -274,24 +266,55 @@ def build_env(args: argparse.Namespace, clock=None) -> Env:
         if sim is not None:
             sim.close()
         raise
+    return host, profile, sim
 
-    command = getattr(args, "command", None)
-    if command == "daemon":
-        state_path = (getattr(args, "state", None) or config.state_path
-                      or (":memory:" if sim is not None else DEFAULT_STATE_DB))
-    else:
-        # A one-shot run keeps its state in memory unless --state names a file: the config's
-        # state_path is the daemon's history, which an ad-hoc run must not add to (nor need
-        # root to open).
-        state_path = getattr(args, "state", None) or ":memory:"
+
+def _simulated_node(args: argparse.Namespace, simulate: str, profile_arg: str, config,
+                    faults: list, node: str):
+    """(the simulated node, the profile its checks hold it to)."""
+    sim_profile = load_profile(simulate)
+    # Every file is validated before the simulated node is built (a bad one costs nothing and
+    # leaves nothing behind).
+    profile = config.apply_to(sim_profile if profile_arg == "auto" else load_profile(profile_arg))
+    try:
+        sim = SimulatedNode(sim_profile, faults, hostname=node)
+    except InjectError as exc:
+        raise UsageError(f"--inject {exc}") from None
+    return sim, profile
+
+
+def _host_paths(args: argparse.Namespace) -> HostPaths:
+    """This host's roots: ``--path.sysfs`` etc. and ``--kmsg``, else the defaults."""
+    if not (args.path_sysfs or args.path_procfs or args.path_dev or args.path_rootfs
+            or args.kmsg):
+        return HostPaths()
+    return HostPaths(
+        sysfs=args.path_sysfs or "/sys",
+        procfs=args.path_procfs or "/proc",
+        dev=args.path_dev or "/dev",
+        rootfs=args.path_rootfs or "/",
+        kmsg=args.kmsg,
+    )
+
+
+def _state_path(args: argparse.Namespace, config, simulated: bool) -> str:
+    if getattr(args, "command", None) == "daemon":
+        return (getattr(args, "state", None) or config.state_path
+                or (":memory:" if simulated else DEFAULT_STATE_DB))
+    # A one-shot run keeps its state in memory unless --state names a file: the config's
+    # state_path is the daemon's history, which an ad-hoc run must not add to (nor need root to
+    # open).
+    return getattr(args, "state", None) or ":memory:"
+
+
+def _open_store(args: argparse.Namespace, config, clock, host, simulated: bool):
+    """The state store (``_state_path``); on any failure the host is closed first."""
+    state_path = _state_path(args, config, simulated)
     try:
         # The long-running daemon may move a damaged file aside at start (state_recovery.py)
         # rather than crash-loop; one-shot runs only report it.
-        if (command == "daemon" and not getattr(args, "once", False)
+        if (getattr(args, "command", None) == "daemon" and not getattr(args, "once", False)
                 and config.daemon.recover_corrupt_state):
-            from gpu_monitor.state_recovery import AUTO_RECOVER_MAX_COPIES
-            from gpu_monitor.state_recovery import recover as open_or_recover
-
             store, _ = open_or_recover(state_path, clock, by="daemon",
                                        max_copies=AUTO_RECOVER_MAX_COPIES)
         else:
@@ -306,14 +329,11 @@ def build_env(args: argparse.Namespace, clock=None) -> Env:
     except BaseException:
         host.close()
         raise
-    return Env(config=config, profile=profile, host=host, store=store, node=node, clock=clock,
-               sim=sim)
+    return store
 
 
 def _auto_profile(host):
     """``--profile auto``: pick by NVML product names; no GPU visible -> cpu-only."""
-    from gpu_monitor.profiles import load_profile, match_profile
-
     names: list[str] = []
     if host.nvml.available():
         try:
@@ -333,96 +353,20 @@ def _auto_profile(host):
         {"name": "generic", "gpu": {"count": len(names)}})
 
 
-def _select_checks(env: Env, kinds, only=None, skip=(), keep_disabled: bool = False):
-    """The checks to run, in suite order. Checks the config disables are left out, unless
-    ``keep_disabled`` (a bootstrap reports them; see ``disabled_by_config``). ``--checks``
-    names run whatever the config says."""
-    from gpu_monitor.registry import RegistryError, all_check_classes, select
-
-    classes = all_check_classes()
+def _kube_factory(args: argparse.Namespace):
+    """``--kubeconfig``/``--context``, checked at start (a bad one exits 2 naming the flag);
+    None: in-cluster config, else $KUBECONFIG / ~/.kube/config, when first needed."""
+    path, context = getattr(args, "kubeconfig", None), getattr(args, "context", None)
+    if not path and not context:
+        return None
     try:
-        env.config.validate_checks([c.name for c in classes])
-        chosen = select(classes, kinds=kinds, only=only or None, skip=skip)
-    except RegistryError as exc:
-        raise UsageError(str(exc)) from None
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    if not only and not keep_disabled:
-        chosen = [c for c in chosen if env.config.check_enabled(c.name)]
-    return [c() for c in chosen]
-
-
-def disabled_by_config(env: Env, checks, only=None) -> dict[str, str]:
-    """Check name -> the config field that disables it, for the checks given (none when the
-    checks were named with ``--checks``: a named check runs)."""
-    if only:
-        return {}
-    return {c.name: env.config.disabled_by(c.name) for c in checks
-            if not env.config.check_enabled(c.name)}
-
-
-SKIP_FLAG = "--skip"
-
-
-def bootstrap_suite(env: Env, kinds, only=None, skip=()):
-    """(checks in suite order, the ones not to run among them and why) for a bootstrap run.
-
-    A check left out with ``--skip`` stays in the report like one the config disables: a
-    bootstrap says what it did not run, it never just leaves it out."""
-    _select_checks(env, kinds=kinds, only=only, skip=skip)  # names checked, as for --checks
-    checks = _select_checks(env, kinds=kinds, only=only, keep_disabled=True)
-    disabled = disabled_by_config(env, checks, only)
-    disabled.update({name: SKIP_FLAG for name in skip if name in {c.name for c in checks}})
-    return checks, disabled
+        return kubeconfig_factory(path, context)
+    except KubeConfigError as exc:
+        flag = "--kubeconfig" if path else f"--context {context}"
+        raise UsageError(f"{flag} {exc}") from None
 
 
 # --- output ---------------------------------------------------------------------------------------
-
-_MARK = {Status.OK: "ok", Status.DEGRADED: "DEGRADED", Status.FAILED: "FAILED",
-         Status.UNKNOWN: "UNKNOWN", Status.SKIPPED: "skipped"}
-
-
-# How a check's targets are counted in the table: healthy first, then not applicable, then the
-# problems from least to most severe ("14 ok, 2 skipped, 1 failed").
-_COUNT_ORDER = (Status.OK, Status.SKIPPED, Status.DEGRADED, Status.UNKNOWN, Status.FAILED)
-
-
-def _counts(results) -> str:
-    n = {s: 0 for s in _COUNT_ORDER}
-    for r in results:
-        n[r.status] += 1
-    return ", ".join(f"{n[s]} {s.value}" for s in _COUNT_ORDER if n[s])
-
-
-def render_table(report: Report) -> str:
-    lines = [f"gpu-monitor {__version__}  node {report.node}  profile {report.profile}"]
-    by_check: dict[str, list] = {}
-    for r in report.results:
-        by_check.setdefault(r.check, []).append(r)
-    for check, results in by_check.items():
-        worst = max(results, key=lambda r: STATUS_SEVERITY[r.status]).status
-        oks = [r for r in results if r.status is Status.OK]
-        head = f"{_MARK[worst]:<9} {check}"
-        if oks and len(oks) == len(results):
-            msg = oks[0].message if len(oks) == 1 else f"{len(oks)} targets ok"
-            lines.append(f"{head:<32} {msg}")
-            continue
-        lines.append(f"{head:<32} {_counts(results)}")
-        for r in results:
-            if r.status is Status.OK:
-                continue
-            lines.append(f"  {_MARK[r.status]:<9} {r.target:<22} {r.reason:<22} {r.message}")
-    lines.append(f"verdict: {report.verdict.value} "
-                 f"({len(report.results)} results, "
-                 f"{(report.finished_at - report.started_at).total_seconds():.1f} s)")
-    return "\n".join(lines)
-
-
-def emit(report: Report, output: str) -> None:
-    if output == "json":
-        print(json.dumps(report.to_dict(), indent=2, sort_keys=False))
-    else:
-        print(render_table(report))
 
 
 def expected_durations(checks, ctx) -> list[tuple[float, bool]]:
@@ -501,8 +445,6 @@ class Progress:
 
 def _run(env: Env, checks, args, fail_fast: bool = False, bootstrap: bool = False,
          disabled: dict[str, str] | None = None) -> int:
-    from gpu_monitor.runner import RunnerHooks, run_suite
-
     ctx = env.context(force=getattr(args, "force", False))
     progress = Progress(expected=expected_durations(checks, ctx))
     hooks = RunnerHooks(on_start=progress.start, on_done=progress.done)
@@ -516,7 +458,7 @@ def _run(env: Env, checks, args, fail_fast: bool = False, bootstrap: bool = Fals
 def cmd_bootstrap(args) -> int:
     env = build_env(args)
     try:
-        checks, disabled = bootstrap_suite(env, kinds={Kind.BOOTSTRAP, Kind.PASSIVE},
+        checks, disabled = bootstrap_suite(env.config, kinds={Kind.BOOTSTRAP, Kind.PASSIVE},
                                            only=_split(args.checks), skip=_split(args.skip))
         return _run(env, checks, args, fail_fast=args.fail_fast, bootstrap=True,
                     disabled=disabled)
@@ -527,17 +469,13 @@ def cmd_bootstrap(args) -> int:
 def cmd_check(args) -> int:
     env = build_env(args)
     try:
-        checks = _select_checks(env, kinds=None, only=[args.name])
+        checks = select_checks(env.config, kinds=None, only=[args.name])
         return _run(env, checks, args)
     finally:
         env.close()
 
 
 def cmd_list_checks(args) -> int:
-    from gpu_monitor.config import ConfigError, load_config
-    from gpu_monitor.profiles import ProfileError, load_profile
-    from gpu_monitor.registry import all_check_classes
-
     classes = all_check_classes()
     try:
         config = load_config(getattr(args, "config", None))
@@ -566,8 +504,6 @@ def cmd_list_checks(args) -> int:
 
 def cmd_list_faults(args) -> int:
     """The ``--inject`` fault kinds, as the help text or as JSON (one object per kind)."""
-    from gpu_monitor.sim.inject import KINDS, help_text
-
     if args.output != "json":
         print(help_text())
         return 0
@@ -579,11 +515,22 @@ def cmd_list_faults(args) -> int:
 
 
 def cmd_daemon(args) -> int:
-    from gpu_monitor.daemon import run_daemon
-
+    """The daemon, built here and handed its pieces: the passive checks, the listen address,
+    the Kubernetes client factory; ``--once`` runs the checks once and prints the report."""
     env = build_env(args)
     try:
-        return run_daemon(env, args)
+        kube_factory = _kube_factory(args)
+        if getattr(args, "dry_run", False):
+            env.config = dataclasses.replace(
+                env.config,
+                remediation=dataclasses.replace(env.config.remediation, dry_run=True))
+        checks = select_checks(env.config, kinds={Kind.PASSIVE})
+        if args.once:
+            report = run_once(env, checks, force=getattr(args, "force", False))
+            emit(report, args.output)
+            return report.exit_code
+        return run_daemon(env, checks, listen=args.listen or env.config.daemon.listen,
+                          force=getattr(args, "force", False), kube_factory=kube_factory)
     finally:
         env.close()
 

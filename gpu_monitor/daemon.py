@@ -14,6 +14,11 @@ Guarantees, in order:
 4. **Time is injected.** The scheduler reads the ``Clock`` it is given; tests drive ``tick()``
    with a fake clock and ten-minute windows pass in milliseconds.
 5. **SIGTERM stops it cleanly** within one scheduler tick.
+
+The daemon is handed what it runs: the CLI (cli.py) builds the node's pieces (``Env``: config,
+host, profile, store, clock), selects the checks and checks the flags, and calls ``run_daemon``
+or ``run_once``. This module never imports the CLI; what both need (check selection, report
+output, ``UsageError``) lives below them (suite.py, report_output.py, model.py).
 """
 
 from __future__ import annotations
@@ -25,13 +30,22 @@ import signal
 import stat
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 
+from prometheus_client import CollectorRegistry
+
 from gpu_monitor.check import Check, Context
-from gpu_monitor.model import NODE, Kind, Report, Result, Status
-from gpu_monitor.runner import RunOutcome, run_check
+from gpu_monitor.exporter import Exporter
+from gpu_monitor.hw.inotify import FileWatch
+from gpu_monitor.hw.kmsg import KmsgGap
+from gpu_monitor.metrics import StoreCollector
+from gpu_monitor.model import NODE, Kind, Report, Result, RunOutcome, Status, UsageError
+from gpu_monitor.remediate.bootstrap_gate import BootstrapGate
+from gpu_monitor.remediate.metrics import remediation_collector
+from gpu_monitor.runner import run_check, run_suite
+from gpu_monitor.suite import bootstrap_suite, select_checks
 
 log = logging.getLogger(__name__)
 
@@ -250,8 +264,6 @@ class Daemon:
 
     def pump_kmsg(self) -> int:
         """Read and dispatch every record available now; returns how many were dispatched."""
-        from gpu_monitor.hw.kmsg import KmsgGap
-
         src = self._kmsg_source
         if src is None:
             return 0
@@ -311,8 +323,6 @@ class Daemon:
                 self._store(outcome)
 
     def _kmsg_loop(self) -> None:
-        from gpu_monitor.hw.inotify import FileWatch
-
         src = self._kmsg_source
         selectable = False
         watch = None
@@ -393,31 +403,10 @@ class Daemon:
 
 
 def build_registry(daemon: Daemon, store, check_classes, clock, extra=()):
-    from prometheus_client import CollectorRegistry
-
-    from gpu_monitor.metrics import StoreCollector
-
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StoreCollector(store, check_classes, stats=daemon.stats_snapshot,
                                      now=clock.now, extra=extra))
     return registry
-
-
-def _kube_factory(args):
-    """``--kubeconfig``/``--context``, checked at start (a bad one exits 2 naming the flag);
-    None: in-cluster config, else $KUBECONFIG / ~/.kube/config, when first needed."""
-    from gpu_monitor.cli import UsageError
-
-    path, context = getattr(args, "kubeconfig", None), getattr(args, "context", None)
-    if not path and not context:
-        return None
-    from gpu_monitor.remediate.kube import KubeConfigError, kubeconfig_factory
-
-    try:
-        return kubeconfig_factory(path, context)
-    except KubeConfigError as exc:
-        flag = "--kubeconfig" if path else f"--context {context}"
-        raise UsageError(f"{flag} {exc}") from None
 
 
 def _remediator(env, checks_for_retest, kube_factory=None):
@@ -468,11 +457,7 @@ def make_bootstrap_gate(env, node_client):
     order, run as a bootstrap (required checks cannot be skipped for a missing tool; checks the
     config disables are reported), and never lifting the taint from an image without the
     active runtime (bootstrap_gate.py, contract 5)."""
-    from gpu_monitor.cli import bootstrap_suite
-    from gpu_monitor.remediate.bootstrap_gate import BootstrapGate
-    from gpu_monitor.runner import run_suite
-
-    checks, disabled = bootstrap_suite(env, kinds={Kind.BOOTSTRAP})
+    checks, disabled = bootstrap_suite(env.config, kinds={Kind.BOOTSTRAP})
 
     def suite():
         _, report = run_suite(checks, env.context(force=False), bootstrap=True,
@@ -506,42 +491,39 @@ def _bootstrap_gate_thread(env, daemon: Daemon, remediator,
     return thread
 
 
-def run_daemon(env, args) -> int:
-    import dataclasses
-
-    from gpu_monitor.cli import UsageError, _select_checks, emit
-    from gpu_monitor.exporter import Exporter
-
-    kube_factory = _kube_factory(args)
-    if getattr(args, "dry_run", False):
-        env.config = dataclasses.replace(
-            env.config, remediation=dataclasses.replace(env.config.remediation, dry_run=True))
-    checks = _select_checks(env, kinds={Kind.PASSIVE})
-    ctx = env.context(force=getattr(args, "force", False), one_shot=bool(args.once))
+def run_once(env, checks: Sequence[Check], force: bool = False) -> Report:
+    """``daemon --once``: every check once, one-shot semantics, stored; the report."""
+    ctx = env.context(force=force, one_shot=True)
     env.host.start(env.clock)
-    if args.once:
-        daemon = Daemon(checks, ctx)
-        started = env.clock.now()
-        outcomes = daemon.run_once()
-        daemon.shutdown()
-        report = Report(node=env.node, profile=env.profile.name, started_at=started,
-                        finished_at=env.clock.now(),
-                        results=tuple(r for o in outcomes for r in o.results))
-        emit(report, args.output)
-        return report.exit_code
+    daemon = Daemon(checks, ctx)
+    started = env.clock.now()
+    outcomes = daemon.run_once()
+    daemon.shutdown()
+    return Report(node=env.node, profile=env.profile.name, started_at=started,
+                  finished_at=env.clock.now(),
+                  results=tuple(r for o in outcomes for r in o.results))
+
+
+def run_daemon(env, checks: Sequence[Check], *, listen: str, force: bool = False,
+               kube_factory: Callable[[], object] | None = None) -> int:
+    """Run ``checks`` until SIGTERM: ``/metrics`` on ``listen``, remediation when the config
+    enables it (its retest is the bootstrap suite), the bootstrap gate in the background.
+
+    ``kube_factory`` makes the API client (None: in-cluster config, else $KUBECONFIG); the
+    CLI has checked its flags. A listen address that cannot be bound is a ``UsageError``.
+    """
+    ctx = env.context(force=force, one_shot=False)
+    env.host.start(env.clock)
     remediator = None
     extra = []
     if env.config.remediation.enabled:
-        from gpu_monitor.remediate.metrics import remediation_collector
-
         # The retest after a GPU reset is the bootstrap suite minus the kernel-log scan (its
         # one-shot run would re-report the Xid that caused the quarantine).
-        retest_checks = [c for c in _select_checks(env, kinds={Kind.BOOTSTRAP})
+        retest_checks = [c for c in select_checks(env.config, kinds={Kind.BOOTSTRAP})
                          if c.name != "xid"]
         remediator = _remediator(env, retest_checks, kube_factory)
         extra.append(remediation_collector(env.store))
     daemon = Daemon(checks, ctx, remediator=remediator)
-    listen = args.listen or env.config.daemon.listen
     registry = build_registry(daemon, env.store, [type(c) for c in checks], env.clock,
                               extra=extra)
     exporter = Exporter(registry, daemon.health, ready=daemon.replayed.is_set)

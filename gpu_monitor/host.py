@@ -52,13 +52,16 @@ class WorkerSettings:
     """How active checks start their per-device torch workers.
 
     ``device_type`` is ``cuda`` in production and ``cpu`` on the simulated node; ``env`` is added
-    to each worker's environment. ``fault_file`` is the documented seam through which the
-    simulated node tells its CPU workers which device is slow or computes wrong results (see
-    sim/worker.py); the worker code reads it, check code never does.
+    to each worker's environment. ``device_seam`` names (``"package.module:function"``) the
+    function a worker asks for each device's seam: the simulated node names its own
+    (sim/worker.py), through which its CPU workers learn which device is slow or computes wrong
+    results from ``fault_file``; production names none, and worker code never imports the
+    simulator. Check code never looks at either.
     """
 
     device_type: str = "cuda"
     env: dict[str, str] = field(default_factory=dict)
+    device_seam: str | None = None
     fault_file: str | None = None
     # The number of devices when torch cannot tell (CPU workers on the simulated node).
     device_count: int | None = None

@@ -1,8 +1,8 @@
-"""The shared vocabulary: statuses, actions, results and reports.
+"""The shared vocabulary: statuses, actions, results, runs and reports.
 
 Every part of gpu-monitor speaks in these frozen values and nothing else: checks produce
-``Result`` objects, the store persists them, the metrics collector and the remediation policy
-read them. Keeping the vocabulary in one small module means a check never needs to know who
+``Result`` objects, the runner wraps one check's run in a ``RunOutcome``, the store persists
+them, the metrics collector and the remediation policy read them. Keeping the vocabulary in one small module means a check never needs to know who
 consumes its output (detection is separate from delivery).
 
 The JSON form of ``Report`` is a public contract (docs/report-schema.md, ``SCHEMA_VERSION``).
@@ -17,6 +17,8 @@ from datetime import datetime, timezone
 from enum import Enum
 from types import MappingProxyType
 from typing import Any
+
+from gpu_monitor import __version__
 
 SCHEMA_VERSION = 1
 
@@ -103,6 +105,14 @@ VERDICT_EXIT = {
     Verdict.UNHEALTHY: EXIT_UNHEALTHY,
     Verdict.UNKNOWN: EXIT_UNKNOWN,
 }
+
+
+class UsageError(Exception):
+    """Bad flags, config or profile: the command exits ``EXIT_USAGE`` (2) with this message.
+
+    Raised wherever the mistake is found (the CLI's wiring, check selection, the daemon's
+    listener, a subcommand) and turned into the exit code once, by ``cli.main``.
+    """
 
 _REASON_RE = re.compile(r"^[A-Z][A-Za-z0-9]*$")
 
@@ -257,6 +267,24 @@ class Result:
         )
 
 
+@dataclass(frozen=True)
+class RunOutcome:
+    """One run of one check: its results, and whether the run itself completed.
+
+    ``success`` is the framework's view (node_exporter's ``scrape_collector_success``): the
+    check ran to completion -- no crash, no timeout, its requirements met -- whatever its
+    results say. ``error`` names why it did not (``timeout``, ``requirement-missing``, the
+    exception's type).
+    """
+
+    check: str
+    results: tuple[Result, ...]
+    started_at: datetime
+    duration_s: float
+    success: bool
+    error: str = ""
+
+
 def verdict_of(results: Iterable[Result]) -> Verdict:
     """Any ``failed`` -> unhealthy; else any ``unknown`` -> unknown; else healthy."""
     statuses = {r.status for r in results}
@@ -287,8 +315,6 @@ class Report:
         return VERDICT_EXIT[self.verdict]
 
     def to_dict(self) -> dict[str, Any]:
-        from gpu_monitor import __version__
-
         return {
             "schema": SCHEMA_VERSION,
             "tool_version": self.tool_version or __version__,

@@ -23,33 +23,21 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass
 
 from gpu_monitor.check import Check, Context
 from gpu_monitor.hw.nvml import NvmlError
-from gpu_monitor.model import NODE, Report, Result, Status, verdict_of
+from gpu_monitor.model import NODE, Report, Result, RunOutcome, Status, verdict_of
 
 REQUIRED_NOTE = "required for the bootstrap"
 
 
-@dataclass(frozen=True)
-class RunOutcome:
-    check: str
-    results: tuple[Result, ...]
-    started_at: datetime
-    duration_s: float
-    success: bool  # ran to completion (no crash, no timeout, requirements met)
-    error: str = ""
-
-
 @dataclass
 class RunnerHooks:
-    """Optional observers (progress display, store)."""
+    """Optional observers of a suite run (the CLI's progress display)."""
 
     on_start: Callable[[type[Check] | Check, int, int], None] | None = None
     on_done: Callable[[RunOutcome, int, int], None] | None = None
-    extra: dict = field(default_factory=dict)
 
 
 def _framework_result(check: Check, ctx: Context, status: Status, reason: str, message: str,
@@ -167,6 +155,38 @@ def disabled_outcome(check: Check | type[Check], ctx: Context, why: str) -> RunO
     return RunOutcome(check.name, (res,), now, 0.0, True)
 
 
+def _limit(check: Check, ctx: Context) -> float:
+    """The runner's time limit for one run: a backstop a little beyond the check's own budget
+    (the configured ``timeout_s``, with which the check kills its tools and reports its own
+    reason); 0 is no limit."""
+    try:
+        budget = float(ctx.setting(check.name, "timeout_s", check.timeout))
+    except (TypeError, ValueError, AttributeError):
+        budget = float(check.timeout)
+    return budget + max(2.0, 0.1 * budget) if budget > 0 else 0.0
+
+
+def _call_in_thread(check: Check, ctx: Context, method: str, record: object,
+                    limit: float) -> tuple[threading.Thread, dict[str, object]]:
+    """Call ``check.<method>`` in a daemon thread and wait up to ``limit`` seconds. The box
+    holds its ``results`` or its ``error``; a thread still alive has overrun the limit (it is
+    abandoned: Python cannot stop it)."""
+    box: dict[str, object] = {}
+
+    def target() -> None:
+        try:
+            fn = getattr(check, method)
+            out = fn(record, ctx) if method == "on_kmsg" else fn(ctx)
+            box["results"] = tuple(out or ())
+        except BaseException as exc:  # noqa: BLE001 - a check must never crash its caller
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name=f"check-{check.name}", daemon=True)
+    thread.start()
+    thread.join(limit if limit and limit > 0 else None)
+    return thread, box
+
+
 def run_check(check: Check, ctx: Context, method: str = "run", record: object = None,
               timeout: float | None = None, bootstrap: bool = False) -> RunOutcome:
     """Run ``check.<method>(ctx)`` with the requirement gate, timeout and crash capture.
@@ -189,28 +209,8 @@ def run_check(check: Check, ctx: Context, method: str = "run", record: object = 
         if gate:
             return RunOutcome(check.name, gate, started, clock.monotonic() - t0, True)
 
-    if timeout is None:
-        # The configured timeout_s is the check's own budget (it kills its tools and reports
-        # its own reason); the runner's limit is a backstop a little beyond it.
-        try:
-            budget = float(ctx.setting(check.name, "timeout_s", check.timeout))
-        except (TypeError, ValueError, AttributeError):
-            budget = float(check.timeout)
-        timeout = budget + max(2.0, 0.1 * budget) if budget > 0 else 0.0
-    limit = timeout
-    box: dict[str, object] = {}
-
-    def target() -> None:
-        try:
-            fn = getattr(check, method)
-            out = fn(record, ctx) if method == "on_kmsg" else fn(ctx)
-            box["results"] = tuple(out or ())
-        except BaseException as exc:  # noqa: BLE001 - a check must never crash its caller
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, name=f"check-{check.name}", daemon=True)
-    thread.start()
-    thread.join(limit if limit and limit > 0 else None)
+    limit = _limit(check, ctx) if timeout is None else timeout
+    thread, box = _call_in_thread(check, ctx, method, record, limit)
     duration = clock.monotonic() - t0
     if thread.is_alive():
         res = _framework_result(

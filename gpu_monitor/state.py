@@ -50,7 +50,7 @@ from gpu_monitor.clock import Clock
 from gpu_monitor.model import Action, Result, Status, canonical_pci, iso
 
 if TYPE_CHECKING:  # pragma: no cover
-    from gpu_monitor.runner import RunOutcome
+    from gpu_monitor.model import RunOutcome
 
 __all__ = [
     "APPLICATION_ID",

@@ -18,7 +18,7 @@ import json
 import sys
 from typing import Any
 
-from gpu_monitor.model import EXIT_USAGE
+from gpu_monitor.model import EXIT_USAGE, UsageError
 
 EXIT_DAMAGED = 1
 
@@ -61,7 +61,6 @@ def register(sub: Any) -> None:
 
 
 def _path(args: argparse.Namespace) -> str:
-    from gpu_monitor.cli import UsageError
     from gpu_monitor.config import ConfigError, load_config
     from gpu_monitor.hw.paths import DEFAULT_STATE_DB
 

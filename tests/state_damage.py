@@ -18,8 +18,7 @@ import tempfile
 from pathlib import Path
 
 from gpu_monitor.clock import FakeClock
-from gpu_monitor.model import Result, Status
-from gpu_monitor.runner import RunOutcome
+from gpu_monitor.model import Result, RunOutcome, Status
 from gpu_monitor.state import LATEST_VERSION, Store
 
 

@@ -16,8 +16,7 @@ from datetime import timedelta
 import pytest
 
 from gpu_monitor.clock import FakeClock
-from gpu_monitor.model import Action, Result, Status, iso
-from gpu_monitor.runner import RunOutcome
+from gpu_monitor.model import Action, Result, RunOutcome, Status, iso
 from gpu_monitor.state import (
     LATEST_VERSION,
     ActionRecord,

@@ -23,7 +23,7 @@ PRELUDE = """
 import os, signal, sqlite3, sys
 from gpu_monitor.clock import FakeClock
 from gpu_monitor.model import Result, Status
-from gpu_monitor.runner import RunOutcome
+from gpu_monitor.model import RunOutcome
 from gpu_monitor.state import Store, XidEvent
 
 path = sys.argv[1]

@@ -12,8 +12,7 @@ from datetime import timedelta
 import pytest
 
 from gpu_monitor.clock import FakeClock
-from gpu_monitor.model import Result, Status
-from gpu_monitor.runner import RunOutcome
+from gpu_monitor.model import Result, RunOutcome, Status
 from gpu_monitor.state import (
     APPLICATION_ID,
     LATEST_VERSION,

@@ -27,10 +27,10 @@ layers, batch 8), so computing every micro-batch of an 8-device node costs milli
 Precision: bf16 on GPUs (tensor-core multiply-adds, where arithmetic SDC lives), fp32 on CPU
 devices (the simulated node). Both are fully deterministic under deterministic mode.
 
-Simulation: on a simulated device with the ``sdc`` flag the seam's forward hook
-(``gpu_monitor.sim.worker.sdc_forward_hook``) is registered on the first block's down
-projection, which feeds the residual stream (a fault there cannot vanish behind an activation).
-On a real host ``Device.seam`` is ``None`` and nothing is registered.
+Simulation: the device's forward hook (``Device.forward_hook``; on a simulated device with the
+``sdc`` flag, the seam's) is registered on the first block's down projection, which feeds the
+residual stream (a fault there cannot vanish behind an activation). On a real host the device
+has no seam and nothing is registered.
 
 Test-only: ``GPU_MONITOR_SDC_TEST_NONDETERMINISM`` (``*`` or a comma-separated list of labels
 such as ``gpu:1,gpu:2``) makes the named workers' loss change slightly on every call, as a
@@ -176,11 +176,7 @@ class Probe:
         self.dev, self.own, self._replay = dev, int(own), replay
         self.dtype, self.dtype_name = _dtype(dev)
         self.model = build_model(hidden, layers, seed, self.dtype, dev.torch)
-        hook = None
-        if getattr(dev, "seam", None) is not None:
-            from gpu_monitor.sim.worker import sdc_forward_hook
-
-            hook = sdc_forward_hook(dev.seam)
+        hook = dev.forward_hook()
         if hook is not None:
             self.model.blocks[0].down.register_forward_hook(hook)
         self.loss_fn = (_jittered(compute_loss) if _test_nondeterminism(label, environ)

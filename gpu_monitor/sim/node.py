@@ -47,6 +47,7 @@ from gpu_monitor.sim.spec import (
     NodeSpec,
     NvSwitchSpec,
 )
+from gpu_monitor.sim.worker import SEAM_FOR
 
 # The kernel release the simulated node's boot records name.
 BOOT_KERNEL = "5.15.0-1053-nvidia"
@@ -386,6 +387,7 @@ class SimulatedNode:
             worker=WorkerSettings(
                 device_type="cpu",
                 env={"GPU_MONITOR_SIM_STATE": self.state_file},
+                device_seam=SEAM_FOR,
                 fault_file=self.state_file,
                 device_count=len([g for g in self.spec.gpus if not g.missing]),
                 python=None if self.spec.torch_available else self.passive_python,

@@ -1,9 +1,11 @@
 """The simulated device's seam: how ``slow`` and ``wrong-results`` reach a CPU "GPU".
 
 This is the only place where a simulated fault changes what an active check measures. The
-simulated node writes its state file (sim/node.py) and names it in the workers' environment as
-``GPU_MONITOR_SIM_STATE``; the worker's device layer (gpu_monitor/workers/device.py) calls
-``seam_for()`` once when it opens a device and, when that returns a ``Seam``, routes two things
+simulated node writes its state file (sim/node.py), names it in the workers' environment as
+``GPU_MONITOR_SIM_STATE`` and names ``seam_for`` as its workers' device seam
+(``WorkerSettings.device_seam = SEAM_FOR``). The worker's main resolves that name -- worker code
+never imports this module -- and its device layer (gpu_monitor/workers/device.py) calls
+``seam_for()`` once when it opens a device and, when that returns a ``Seam``, routes these
 through it:
 
 - ``Seam.account(elapsed_s)`` after each timed burst of compute: a device with
@@ -13,12 +15,12 @@ through it:
   to a collective: a device with ``wrong_results`` flips the top mantissa bit of one element,
   every time, at the same place (a stuck bit). The device agrees with itself, so only a
   comparison *across* devices finds it; the error is large enough to survive a sum.
-- ``sdc_forward_hook(seam)`` for a device with ``sdc``: a forward hook that a model-running
-  check (the SDC probe) registers on one layer of its model, so the device computes a wrong,
-  finite training step, every time, while its matmuls stay right.
+- ``Seam.forward_hook()`` (``sdc_forward_hook``) for a device with ``sdc``: a forward hook that
+  a model-running check (the SDC probe) registers on one layer of its model, so the device
+  computes a wrong, finite training step, every time, while its matmuls stay right.
 
-Check code never looks at this module or the variable: without ``GPU_MONITOR_SIM_STATE`` (every
-real host) ``seam_for`` returns ``None`` and the device layer calls nothing here. Peer copies
+Check code never looks at this module or the variable: on every real host no seam is named and
+the device layer calls nothing here. Peer copies
 (nvlink_peer) do not pass through the seam: on real GPUs they run on the copy engines, not on
 the SMs that ``wrong-results`` stands for.
 
@@ -28,6 +30,7 @@ This module imports no torch; ``corrupt`` works on whatever tensor it is handed.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Mapping
@@ -35,6 +38,8 @@ from dataclasses import dataclass
 from typing import Any
 
 SEAM_ENV = "GPU_MONITOR_SIM_STATE"
+# How the simulated node names this seam to its workers (``WorkerSettings.device_seam``).
+SEAM_FOR = "gpu_monitor.sim.worker:seam_for"
 
 
 @dataclass(frozen=True)
@@ -67,12 +72,18 @@ class Seam:
             flip_bit(tensor, tensor.numel() // 3)
         return tensor
 
+    def forward_hook(self) -> Any:
+        """The ``sdc`` forward hook for this device, or None (see ``sdc_forward_hook``)."""
+        return sdc_forward_hook(self)
+
+    def describe(self) -> dict[str, Any]:
+        """The faults, as the framework's probe task reports them."""
+        return {"speed_factor": self.speed_factor, "wrong_results": self.wrong_results}
+
 
 def flip_bit(tensor: Any, flat_index: int) -> None:
     """Flip the top mantissa bit (floats) or the lowest bit (integers) of element
     ``flat_index`` of a contiguous tensor, in place."""
-    import math
-
     import torch  # the worker has it already; the daemon never calls this
 
     ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

@@ -5,11 +5,13 @@ node and in tests. Check code is written once against this class — timing (``n
 first), matmul, dtype names, the process group — so the CUDA path and the CPU path are the same
 code with a different ``torch.device``.
 
-The simulation seam (gpu_monitor/sim/worker.py) is applied here and only here: ``open_devices``
-asks ``seam_for`` for each device, which answers ``None`` unless the worker's environment names a
-simulation state file (``GPU_MONITOR_SIM_STATE``). Three hooks carry it: ``matmul`` (results),
-``account`` (speed) and ``outgoing`` (data a device contributes to a collective). On a real host
-they are a plain matmul and two no-ops.
+A device seam is applied here and only here: ``open_devices`` is handed a ``seam_for``
+function by the worker's main, which resolves the one the parent named
+(``WorkerSettings.device_seam``; the simulated node names gpu_monitor/sim/worker.py's), and asks
+it for each device's ``DeviceSeam``. Four hooks carry it: ``matmul`` (results), ``account``
+(speed), ``outgoing`` (data a device contributes to a collective) and ``forward_hook`` (a
+model's forward pass). On a real host no seam is named: a plain matmul, two no-ops and no hook.
+This module never imports the simulator; the seam comes in through the parent's choice.
 
 Device identity: devices are opened by NVML UUID when the parent knows it. On CUDA the worker
 looks the UUID up among torch's devices (``CUDA_DEVICE_ORDER=PCI_BUS_ID`` makes torch's index
@@ -20,12 +22,11 @@ given.
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
-
-from gpu_monitor.sim.worker import Seam, seam_for
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -39,6 +40,26 @@ DTYPES = {
     "fp32": "float32",
     "fp64": "float64",
 }
+
+
+class DeviceSeam(Protocol):
+    """What a seam does to one device (gpu_monitor/sim/worker.py's ``Seam`` is the one there
+    is): stretch its compute time, corrupt what it produces, hook a model's forward pass."""
+
+    @property
+    def active(self) -> bool: ...
+
+    def account(self, elapsed_s: float) -> None: ...
+
+    def corrupt(self, tensor: Any) -> Any: ...
+
+    def forward_hook(self) -> Callable[..., Any] | None: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+# ``seam_for(uuid, index)``: the seam of that device, or None.
+SeamFor = Callable[[str | None, int], DeviceSeam | None]
 
 
 def normalize_uuid(raw: Any) -> str:
@@ -61,7 +82,7 @@ class Device:
     """One device as a worker uses it."""
 
     def __init__(self, kind: str, index: int, uuid: str | None, torch_index: int | None = None,
-                 seam: Seam | None = None):
+                 seam: DeviceSeam | None = None):
         import torch
 
         self.kind = kind  # "cuda" | "cpu"
@@ -122,6 +143,11 @@ class Device:
             self.seam.corrupt(t)
         return t
 
+    def forward_hook(self) -> Callable[..., Any] | None:
+        """A forward hook for a model run on this device (``module.register_forward_hook``),
+        or None: nothing to register."""
+        return self.seam.forward_hook() if self.seam is not None else None
+
     # -- collectives ------------------------------------------------------------------------------
 
     @property
@@ -146,14 +172,21 @@ class Device:
         return self.backend
 
 
-def open_devices(kind: str, refs: Sequence[Mapping[str, Any]]) -> list[Device]:
-    """Open the devices a worker was given (``[{"index": 3, "uuid": "GPU-..."}]``)."""
+def _no_seam(uuid: str | None, index: int) -> None:
+    return None
+
+
+def open_devices(kind: str, refs: Sequence[Mapping[str, Any]],
+                 seam_for: SeamFor | None = None) -> list[Device]:
+    """Open the devices a worker was given (``[{"index": 3, "uuid": "GPU-..."}]``), each with
+    its seam when ``seam_for`` is given."""
     import torch
 
+    seam_of = seam_for or _no_seam
     if kind == "cpu":
         torch.set_num_threads(1)  # CPU "devices" share a few cores; one thread each
         return [Device("cpu", int(r["index"]), r.get("uuid"),
-                       seam=seam_for(r.get("uuid"), int(r["index"]))) for r in refs]
+                       seam=seam_of(r.get("uuid"), int(r["index"]))) for r in refs]
     if kind != "cuda":
         raise ValueError(f"unknown device type {kind!r} (cuda or cpu)")
     if not torch.cuda.is_available():
@@ -174,7 +207,7 @@ def open_devices(kind: str, refs: Sequence[Mapping[str, Any]]) -> list[Device]:
                                    "devices")
             torch_index = index
         devices.append(Device("cuda", index, uuids[torch_index], torch_index,
-                              seam=seam_for(uuids[torch_index], index)))
+                              seam=seam_of(uuids[torch_index], index)))
     if len(devices) == 1:
         torch.cuda.set_device(devices[0].torch)
     return devices
@@ -195,16 +228,12 @@ def probe(ctx: Any) -> dict[str, Any]:
             ctx.step(f"probe step {n}")
             time.sleep(float(ctx.args.get("sleep_s", 0.0)))
         turns.append({"turn": turn, "start": t0, "end": time.perf_counter()})
-    import os
-
     return {
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "cuda_device_order": os.environ.get("CUDA_DEVICE_ORDER"),
         "devices": [{"index": d.index, "uuid": d.uuid, "torch": str(d.torch),
-                     "seam": None if d.seam is None else {
-                         "speed_factor": d.seam.speed_factor,
-                         "wrong_results": d.seam.wrong_results}}
+                     "seam": None if d.seam is None else d.seam.describe()}
                     for d in ctx.devices],
         "cuda_uuids": cuda_uuids() if torch.cuda.is_available() else [],
         "turns": turns,

@@ -1,12 +1,18 @@
-"""Torch workers: one subprocess per device, a hard timeout, results keyed by device UUID.
+"""Torch workers, the parent side: one subprocess per device, a hard timeout, results keyed by
+device UUID.
 
 Why subprocesses: a hung CUDA kernel or NCCL collective cannot be interrupted from Python, a
 crashed driver call takes the process with it, and GPU memory is only certainly released when
 the process that allocated it exits. So the daemon (and the CLI) never import torch: every
 torch-using check hands a ``Task`` per device to ``WorkerPool.run``, which starts
-``python -m gpu_monitor.workers.pool`` for each (CPU devices: forks it from a fork server, see
-6.), sends the task as one JSON line on its input, and reads the result from a file the worker
+``python -m gpu_monitor.workers`` for each (CPU devices: forks it from a fork server, see 6.),
+sends the task as one JSON line on its input, and reads the result from a file the worker
 writes when it is done.
+
+The package's other rooms: procs.py (the processes, spawned or forked, and their cleanup),
+board.py (the status board each worker writes and the parent reads), child.py (the worker
+side: the task's ``WorkerContext``, the worker's main, the fork server), device.py (the torch
+layer, imported only in workers), faults.py (test-only misbehaviour).
 
 Guarantees, in order of importance:
 
@@ -35,59 +41,45 @@ Guarantees, in order of importance:
 7. A gang (``gang=True``, torch.distributed) lives and dies together: the first failing rank
    stops the others. When a gang overruns its limit, the ranks that made the least progress
    (``WorkerContext.step``) are named as the ones that hung; the others were waiting for them.
-
-Worker side (``_worker_main``): the task function ``"package.module:function"`` is called with a
-``WorkerContext`` (devices, args, rank, ``turns()``, ``step()``) and returns a JSON-able dict.
-
-Test-only fault hook: ``GPU_MONITOR_WORKER_TEST_FAULT`` makes a worker misbehave on purpose so
-the tests can prove that hangs and crashes become ``unknown``. Format: ``KIND@LABEL[,at=WHEN]``
-entries joined by ``;``, KIND one of ``hang``, ``crash`` (SIGSEGV), ``exit`` (status 3, no
-result), ``error`` (an exception), ``garbage`` (an unreadable result); WHEN is ``setup``,
-``turn`` (default: when its first turn starts) or a step number N (just before announcing step
-N, like a rank stuck before joining a collective). Never set it in production.
 """
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import dataclasses
-import importlib
 import importlib.util
 import json
 import logging
 import os
 import signal
-import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_monitor.host import WorkerSettings
 from gpu_monitor.model import gpu_target
+from gpu_monitor.workers import board
+from gpu_monitor.workers.procs import (
+    WORKER_MODULE,
+    ForkedProc,
+    ForkServer,
+    Proc,
+    SpawnedProc,
+    forget_dir,
+    last_line,
+    remember_dir,
+)
 
 log = logging.getLogger(__name__)
-
-TEST_FAULT_ENV = "GPU_MONITOR_WORKER_TEST_FAULT"
-WORKER_MODULE = "gpu_monitor.workers.pool"
 
 # Reasons checks use for failed outcomes (each check declares them).
 REASON_TIMEOUT = "WorkerTimeout"
 REASON_CRASHED = "WorkerCrashed"
 REASON_MISMATCH = "WorkerDeviceMismatch"
 WORKER_REASONS = (REASON_TIMEOUT, REASON_CRASHED, REASON_MISMATCH)
-
-# The status board: a small file each worker updates in place and the parent reads.
-_STATE_STARTING, _STATE_READY, _STATE_IN_TURN, _STATE_FINISHING = 0, 1, 2, 3
-_BOARD = struct.Struct("<QIII256s")  # steps, state, turns_done, phase length, phase text
-_EXIT_PARENT_GONE = 75
-_EXIT_OVERRAN = 76
 
 
 # --- values ---------------------------------------------------------------------------------
@@ -163,67 +155,7 @@ class Outcome:
         return out
 
 
-# --- test-only faults -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TestFault:
-    """One ``GPU_MONITOR_WORKER_TEST_FAULT`` entry for this worker (test-only)."""
-
-    __test__ = False  # not a pytest class
-    kind: str
-    at: str = "turn"  # setup | turn | <step number>
-
-
-TEST_FAULT_KINDS = ("hang", "crash", "exit", "error", "garbage")
-
-
-def parse_test_faults(text: str, label: str) -> list[TestFault]:
-    """The entries of ``text`` aimed at ``label``; malformed entries raise ValueError."""
-    out: list[TestFault] = []
-    for entry in filter(None, (e.strip() for e in (text or "").split(";"))):
-        head, _, rest = entry.partition(",")
-        kind, sep, who = head.partition("@")
-        if not sep or kind not in TEST_FAULT_KINDS:
-            raise ValueError(f"{TEST_FAULT_ENV}: bad entry {entry!r} (KIND@LABEL[,at=WHEN], KIND "
-                             f"one of {', '.join(TEST_FAULT_KINDS)})")
-        at = "turn"
-        if rest:
-            key, _, value = rest.partition("=")
-            if key.strip() != "at" or not value.strip():
-                raise ValueError(f"{TEST_FAULT_ENV}: bad option {rest!r} in {entry!r}")
-            at = value.strip()
-        if who.strip() == label:
-            out.append(TestFault(kind, at))
-    return out
-
-
 # --- the parent side ------------------------------------------------------------------------
-
-
-_LIVE_GROUPS: set[int] = set()
-# The temporary directories of runs still in progress. A run abandoned in its check's thread
-# (Ctrl-C or SIGTERM in the main thread, which then exits) never reaches its ``finally``.
-_LIVE_DIRS: set[str] = set()
-_LIVE_LOCK = threading.Lock()
-
-
-def _kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-    with _LIVE_LOCK:
-        _LIVE_GROUPS.discard(pid)
-
-
-@atexit.register
-def _kill_leftovers() -> None:  # pragma: no cover - exercised only when a caller is killed
-    with _LIVE_LOCK:
-        pids = list(_LIVE_GROUPS)
-        dirs = list(_LIVE_DIRS)
-    for pid in pids:
-        _kill_group(pid)
-    for path in dirs:
-        _rmtree(path)
 
 
 def _signal_name(num: int) -> str:
@@ -231,13 +163,6 @@ def _signal_name(num: int) -> str:
         return signal.Signals(num).name
     except ValueError:
         return f"signal {num}"
-
-
-def _last_line(text: str) -> str:
-    for line in reversed(text.splitlines()):
-        if line.strip():
-            return line.strip()[:300]
-    return ""
 
 
 def _import_roots(function: str) -> list[str]:
@@ -261,203 +186,10 @@ def _import_roots(function: str) -> list[str]:
     return list(seen)
 
 
-# --- worker processes: spawned (a fresh interpreter) or forked (from a fork server) -----------
-
-
-class _Proc:
-    """One worker process as the pool drives it; both kinds look the same to the pool."""
-
-    pid: int | None = None
-
-    def poll(self) -> int | None:  # exit status, Popen's convention (-N: killed by signal N)
-        raise NotImplementedError
-
-    def kill(self) -> None:
-        raise NotImplementedError
-
-    def wait(self, timeout: float | None = None) -> int | None:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while (rc := self.poll()) is None:
-            if deadline is not None and time.monotonic() >= deadline:
-                return None
-            time.sleep(0.005)
-        return rc
-
-    def send(self, line: str) -> None:
-        raise NotImplementedError
-
-    def close_input(self) -> None:
-        raise NotImplementedError
-
-
-class _SpawnedProc(_Proc):
-    def __init__(self, popen: subprocess.Popen):
-        self.popen = popen
-        self.pid = popen.pid
-        with _LIVE_LOCK:
-            _LIVE_GROUPS.add(popen.pid)
-
-    def poll(self) -> int | None:
-        rc = self.popen.poll()
-        if rc is not None:
-            with _LIVE_LOCK:
-                _LIVE_GROUPS.discard(self.popen.pid)
-        return rc
-
-    def kill(self) -> None:
-        _kill_group(self.popen.pid)
-
-    def send(self, line: str) -> None:
-        try:
-            assert self.popen.stdin is not None
-            self.popen.stdin.write(line.encode())
-            self.popen.stdin.flush()
-        except (BrokenPipeError, OSError, ValueError):
-            pass  # it died; the poll notices
-
-    def close_input(self) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            if self.popen.stdin is not None:
-                self.popen.stdin.close()
-
-
-class _ForkServer:
-    """A per-run process that imports torch once and forks the workers (CPU devices).
-
-    Importing torch costs about a CPU-second; eight simulated devices on two cores would spend
-    most of a short check importing it eight times. The server is started with the workers'
-    environment, imports torch (no thread starts: the CPU environment pins every thread pool
-    to one thread, which keeps fork safe), then forks one worker per request. Each worker
-    calls ``setsid`` (its own process group, killed like a spawned one), takes its task and
-    turns from a FIFO, and writes its log where a spawned one would. The server reaps them and
-    reports exit statuses; it exits when its stdin closes (end of run, or the parent is gone).
-    """
-
-    def __init__(self, python: str, env: Mapping[str, str], tmp: str):
-        self._cond = threading.Condition()
-        self.pids: dict[str, int] = {}
-        self.exits: dict[int, int] = {}
-        self.errors: dict[str, str] = {}
-        self.cancelled: set[str] = set()
-        self.dead = False
-        self.log_path = os.path.join(tmp, "forkserver.log")
-        with open(self.log_path, "wb") as log:
-            self.popen = subprocess.Popen(
-                [python, "-m", WORKER_MODULE, "--forkserver"], stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=log, env=dict(env), start_new_session=True,
-                close_fds=True)
-        with _LIVE_LOCK:
-            _LIVE_GROUPS.add(self.popen.pid)
-        threading.Thread(target=self._read, name="forkserver-reader", daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.popen.stdout is not None
-        for raw in self.popen.stdout:
-            try:
-                msg = json.loads(raw)
-            except ValueError:
-                continue
-            with self._cond:
-                if "pid" in msg:
-                    self.pids[msg["id"]] = int(msg["pid"])
-                    if msg["id"] in self.cancelled:
-                        _kill_group(int(msg["pid"]))
-                elif "exit" in msg:
-                    self.exits[int(msg["exit"])] = int(msg["code"])
-                elif "error" in msg:
-                    self.errors[msg["id"]] = str(msg["error"])
-                self._cond.notify_all()
-        with self._cond:
-            self.dead = True
-            self._cond.notify_all()
-
-    def fork(self, req_id: str, fifo: str, log: str, env: Mapping[str, str]) -> None:
-        line = json.dumps({"id": req_id, "fifo": fifo, "log": log, "env": dict(env)}) + "\n"
-        try:
-            assert self.popen.stdin is not None
-            self.popen.stdin.write(line.encode())
-            self.popen.stdin.flush()
-        except (BrokenPipeError, OSError, ValueError):
-            with self._cond:
-                self.errors[req_id] = self.gone_reason()
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            if self.popen.stdin is not None:
-                self.popen.stdin.close()
-        try:
-            self.popen.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            _kill_group(self.popen.pid)
-            self.popen.wait()
-        with _LIVE_LOCK:
-            _LIVE_GROUPS.discard(self.popen.pid)
-
-    def gone_reason(self) -> str:
-        try:
-            with open(self.log_path, "rb") as fh:
-                last = _last_line(fh.read()[-4000:].decode("utf-8", "replace"))
-        except OSError:
-            last = ""
-        rc = self.popen.poll()
-        status = f" with status {rc}" if rc is not None else ""
-        return f"the fork server exited{status}" + (f" ({last})" if last else "")
-
-
-class _ForkedProc(_Proc):
-    _UNWATCHED = 255  # the fork server died: this worker's own status is lost
-
-    def __init__(self, server: _ForkServer, req_id: str, fifo: str):
-        self.server, self.req_id = server, req_id
-        # O_RDWR: opening a FIFO for writing alone would block until the worker opens it.
-        self._fd: int | None = os.open(fifo, os.O_RDWR)
-        self._rc: int | None = None
-        self.lost = ""  # why the worker's own exit status is unknown
-
-    @property  # type: ignore[override]
-    def pid(self) -> int | None:
-        return self.server.pids.get(self.req_id)
-
-    def poll(self) -> int | None:
-        if self._rc is not None:
-            return self._rc
-        with self.server._cond:
-            pid = self.server.pids.get(self.req_id)
-            if self.req_id in self.server.errors:
-                self._rc, self.lost = self._UNWATCHED, self.server.errors[self.req_id]
-            elif pid is not None and pid in self.server.exits:
-                self._rc = self.server.exits[pid]
-            elif self.server.dead:
-                if pid is not None:
-                    _kill_group(pid)
-                self._rc, self.lost = self._UNWATCHED, self.server.gone_reason()
-        return self._rc
-
-    def kill(self) -> None:
-        with self.server._cond:
-            pid = self.server.pids.get(self.req_id)
-            if pid is None:
-                self.server.cancelled.add(self.req_id)
-        if pid is not None:
-            _kill_group(pid)
-
-    def send(self, line: str) -> None:
-        if self._fd is None:
-            return
-        with contextlib.suppress(OSError):
-            os.write(self._fd, line.encode())
-
-    def close_input(self) -> None:
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-            self._fd = None
-
-
 @dataclass
 class _Worker:
     task: Task
-    proc: _Proc | None
+    proc: Proc | None
     board_path: str
     result_path: str
     log_path: str
@@ -465,19 +197,16 @@ class _Worker:
     rank: int = 0
     outcome: Outcome | None = None
     turn_deadline: float | None = None
-    board: tuple[int, int, int, str] = (0, _STATE_STARTING, 0, "")
+    board: tuple[int, int, int, str] = (0, board.STARTING, 0, "")
 
     def alive(self) -> bool:
         return self.outcome is None and self.proc is not None and self.proc.poll() is None
 
     def read_board(self) -> tuple[int, int, int, str]:
-        try:
-            with open(self.board_path, "rb") as fh:
-                raw = fh.read(_BOARD.size)
-            steps, state, turns, n, text = _BOARD.unpack(raw)
-            self.board = (steps, state, turns, text[:n].decode("utf-8", "replace"))
-        except (OSError, struct.error):
-            pass
+        """The board as the worker last wrote it (the last good read, if it cannot be read)."""
+        now = board.read(self.board_path)
+        if now is not None:
+            self.board = now
         return self.board
 
     def log_tail(self) -> str:
@@ -562,15 +291,14 @@ class WorkerPool:
             setup_timeout_s = min(setup_timeout_s, budget_s / 3)
             timeout_s = min(timeout_s, (budget_s - setup_timeout_s) / (turns + 1))
         tmp = tempfile.mkdtemp(prefix="gpu-monitor-workers-")
-        with _LIVE_LOCK:
-            _LIVE_DIRS.add(tmp)
+        remember_dir(tmp)
         rendezvous = os.path.join(tmp, "rendezvous")
         rounds = 1 if gang else (self.rounds if rounds is None else max(1, int(rounds)))
         env = self.environment(*sorted({t.function for t in tasks}))
         server = None
         if self.fork_server:
             try:
-                server = _ForkServer(self.python, env, tmp)
+                server = ForkServer(self.python, env, tmp)
             except OSError as exc:  # spawn each worker instead; slower, same results
                 log.warning("cannot start the worker fork server (%s); spawning workers", exc)
         workers: list[_Worker] = []
@@ -582,6 +310,7 @@ class WorkerPool:
                     "args": dict(task.args),
                     "label": task.name,
                     "device_type": self.settings.device_type,
+                    "device_seam": self.settings.device_seam,
                     "devices": [{"index": d.index, "uuid": d.uuid} for d in task.devices],
                     "rounds": rounds,
                     "rank": rank,
@@ -605,27 +334,24 @@ class WorkerPool:
                     w.proc.close_input()
             if server is not None:
                 server.close()
-            _rmtree(tmp)
-            with _LIVE_LOCK:
-                _LIVE_DIRS.discard(tmp)
+            forget_dir(tmp)
 
     def _spawn(self, task: Task, payload: dict[str, Any], tmp: str, rank: int,
-               env: Mapping[str, str], server: _ForkServer | None) -> _Worker:
+               env: Mapping[str, str], server: ForkServer | None) -> _Worker:
         base = os.path.join(tmp, f"w{rank}")
         board_path, result_path, log_path = base + ".board", base + ".json", base + ".log"
-        with open(board_path, "wb") as fh:
-            fh.write(b"\0" * 4096)
+        board.create(board_path)
         payload = {**payload, "board_path": board_path, "result_path": result_path}
         w = _Worker(task, None, board_path, result_path, log_path, time.monotonic(), rank)
         try:
             if server is not None:
                 fifo = base + ".in"
                 os.mkfifo(fifo, 0o600)
-                w.proc = _ForkedProc(server, f"w{rank}", fifo)
+                w.proc = ForkedProc(server, f"w{rank}", fifo)
                 server.fork(f"w{rank}", fifo, log_path, env)
             else:
                 with open(log_path, "wb") as log:
-                    w.proc = _SpawnedProc(subprocess.Popen(
+                    w.proc = SpawnedProc(subprocess.Popen(
                         [self.python, "-m", WORKER_MODULE], stdin=subprocess.PIPE, stdout=log,
                         stderr=subprocess.STDOUT, env=dict(env), start_new_session=True,
                         close_fds=True))
@@ -645,7 +371,7 @@ class WorkerPool:
             return deadline, f"{seconds:.3g} s{what}"
 
         # 1. Start-up: every worker imports torch and prepares, all at once.
-        self._wait(workers, lambda w: w.read_board()[1] >= _STATE_READY,
+        self._wait(workers, lambda w: w.read_board()[1] >= board.READY,
                    *limit(setup_timeout_s, " while starting up"), ticker, gang)
         # 2. Turns.
         for turn in range(rounds):
@@ -789,13 +515,13 @@ class WorkerPool:
                                 failed_at=result.get("failed_at"), **common)
         elif rc is not None and rc < 0:
             sig = -rc
-            last = _last_line(tail)
+            last = last_line(tail)
             w.outcome = Outcome(
                 w.task, None, "signal",
                 f"worker for {name} exited with signal {sig} ({_signal_name(sig)})"
                 + (f"; last output: {last}" if last else ""), **common)
         else:
-            last = _last_line(tail)
+            last = last_line(tail)
             w.outcome = Outcome(
                 w.task, None, "exit",
                 f"worker for {name} exited with status {rc} without a result"
@@ -866,249 +592,3 @@ class _Ticker:
                 log.exception("worker pool tick failed")
 
 
-def _rmtree(path: str) -> None:
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)
-
-
-# --- the worker side --------------------------------------------------------------------------
-
-
-class WorkerContext:
-    """What a task function gets: its devices, args, rank, and the turn/progress protocol."""
-
-    def __init__(self, payload: Mapping[str, Any], devices: list[Any], board: _Board,
-                 faults: list[TestFault]):
-        self.payload = payload
-        self.devices = devices
-        self.args: Mapping[str, Any] = payload.get("args") or {}
-        self.rank: int = int(payload.get("rank", 0))
-        self.world_size: int = int(payload.get("world_size", 1))
-        self.rendezvous: str | None = payload.get("rendezvous")
-        self.rounds: int = int(payload.get("rounds", 1))
-        self.timeout_s: float = float(payload.get("timeout_s", 60.0))
-        self.label: str = payload.get("label", "")
-        self._board = board
-        self._faults = faults
-        self._steps = 0
-
-    @property
-    def device(self) -> Any:
-        return self.devices[0]
-
-    def turns(self) -> Iterator[int]:
-        """Yields once per turn the parent grants; measure only inside the loop body."""
-        for turn in range(self.rounds):
-            self._board.update(state=_STATE_READY)
-            line = sys.stdin.readline()
-            if not line:  # the parent is gone or has given up on us
-                os._exit(_EXIT_PARENT_GONE)
-            self._board.update(state=_STATE_IN_TURN)
-            self._fire("turn")
-            yield turn
-            self._board.update(state=_STATE_FINISHING, turns_done=turn + 1)
-
-    def step(self, phase: str | None = None) -> None:
-        """Count progress (cheap: one in-place write) before each unit of work, e.g. each
-        collective; when a gang hangs, the ranks that did not get as far are named."""
-        self._fire(str(self._steps + 1))  # a test hang here never announces this step
-        self._steps += 1
-        self._board.update(steps=self._steps, phase=phase)
-
-    def _fire(self, when: str) -> None:
-        for fault in self._faults:
-            if fault.at == when:
-                _trigger(fault)
-
-
-def _trigger(fault: TestFault) -> None:
-    """Test-only misbehaviour (GPU_MONITOR_WORKER_TEST_FAULT)."""
-    if fault.kind == "hang":
-        while True:
-            time.sleep(3600)
-    if fault.kind == "crash":
-        signal.signal(signal.SIGSEGV, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGSEGV)
-    if fault.kind == "exit":
-        os._exit(3)
-    if fault.kind == "error":
-        raise RuntimeError("injected test fault (GPU_MONITOR_WORKER_TEST_FAULT)")
-    if fault.kind == "garbage":
-        raise _Garbage()
-
-
-class _Garbage(Exception):
-    pass
-
-
-class _Board:
-    """The worker's end of the status board: an mmap of the file the parent reads."""
-
-    def __init__(self, path: str):
-        import mmap
-
-        self._fh = open(path, "r+b")  # noqa: SIM115 - lives as long as the worker
-        self._map = mmap.mmap(self._fh.fileno(), 4096)
-        self.steps, self.state, self.turns_done, self.phase = 0, _STATE_STARTING, 0, ""
-
-    def update(self, steps: int | None = None, state: int | None = None,
-               turns_done: int | None = None, phase: str | None = None) -> None:
-        if steps is not None:
-            self.steps = steps
-        if state is not None:
-            self.state = state
-        if turns_done is not None:
-            self.turns_done = turns_done
-        if phase is not None:
-            self.phase = phase
-            raw = phase.encode("utf-8", "replace")[:256]
-            self._map[16:20 + 256] = struct.pack("<I256s", len(raw), raw)
-        self._map[0:16] = struct.pack("<QII", self.steps, self.state, self.turns_done)
-
-
-def _watchdog(parent_pid: int, hard_limit_s: float) -> None:
-    """Exit when the parent (the pool, or the fork server) is gone, i.e. the worker has been
-    reparented, or when the worker has run far too long."""
-    start = time.monotonic()
-    while True:
-        time.sleep(0.5)
-        if os.getppid() != parent_pid:
-            os._exit(_EXIT_PARENT_GONE)
-        if time.monotonic() - start > hard_limit_s:
-            sys.stderr.write(f"worker overran its hard limit of {hard_limit_s:g} s\n")
-            os._exit(_EXIT_OVERRAN)
-
-
-def _resolve(function: str) -> Callable[[WorkerContext], Mapping[str, Any]]:
-    module_name, _, attr = function.partition(":")
-    module = importlib.import_module(module_name)
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise RuntimeError(f"{function}: no such function")
-    return fn
-
-
-def _write_result(path: str, data: Mapping[str, Any] | str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        if isinstance(data, str):
-            fh.write(data)
-        else:
-            json.dump(data, fh)
-    os.replace(tmp, path)
-
-
-def _worker_main() -> int:
-    line = sys.stdin.readline()
-    if not line:
-        return _EXIT_PARENT_GONE
-    payload = json.loads(line)
-    result_path = payload["result_path"]
-    label = payload.get("label", "")
-    threading.Thread(target=_watchdog, args=(os.getppid(), float(payload["hard_limit_s"])),
-                     name="watchdog", daemon=True).start()
-    try:
-        faults = parse_test_faults(os.environ.get(TEST_FAULT_ENV, ""), label)
-        board = _Board(payload["board_path"])
-        for fault in faults:
-            if fault.at == "setup":
-                _trigger(fault)
-        from gpu_monitor.workers.device import open_devices
-
-        devices = open_devices(payload["device_type"], payload["devices"])
-        ctx = WorkerContext(payload, devices, board, faults)
-        fn = _resolve(payload["function"])
-        value = fn(ctx)
-        _write_result(result_path, {"ok": True, "value": value,
-                                    "uuids": [d.uuid for d in devices]})
-        return 0
-    except _Garbage:
-        _write_result(result_path, "{not json")
-        return 0
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which decides
-        tb = traceback.format_exc()
-        sys.stderr.write(tb)
-        _write_result(result_path, {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:1000],
-                                    "traceback": tb[-4000:], "failed_at": time.time()})
-        return 1
-
-
-def _forkserver_main() -> int:
-    """Import torch once, then fork a worker per request line (see ``_ForkServer``)."""
-    import select
-
-    import torch  # noqa: F401 - the point of the server: imported once, shared by every fork
-    import torch.distributed  # noqa: F401
-
-    import gpu_monitor.workers.device  # noqa: F401
-
-    def report(msg: Mapping[str, Any]) -> None:
-        os.write(1, (json.dumps(msg) + "\n").encode())
-
-    pending = b""
-    while True:
-        ready, _, _ = select.select([0], [], [], 0.05)
-        if ready:
-            chunk = os.read(0, 65536)
-            if not chunk:
-                return 0  # end of the run, or the pool is gone: the workers watch for that
-            pending += chunk
-            while b"\n" in pending:
-                line, pending = pending.split(b"\n", 1)
-                req = json.loads(line)
-                try:
-                    report({"id": req["id"], "pid": _fork_worker(req)})
-                except OSError as exc:
-                    report({"id": req["id"], "error": f"fork failed: {exc}"})
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
-            report({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
-
-
-def _fork_worker(req: Mapping[str, Any]) -> int:
-    pid = os.fork()
-    if pid:
-        return pid
-    code = 70
-    try:
-        os.setsid()
-        log = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.close(log)
-        fifo = os.open(req["fifo"], os.O_RDONLY)
-        os.dup2(fifo, 0)
-        os.close(fifo)
-        os.environ.clear()
-        os.environ.update(req["env"])
-        sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
-        sys.stdout = open(1, "w", encoding="utf-8", buffering=1, closefd=False)  # noqa: SIM115
-        sys.stderr = open(2, "w", encoding="utf-8", buffering=1, closefd=False)  # noqa: SIM115
-        code = _worker_main()
-    except BaseException:  # noqa: BLE001 - a forked worker must never return into the server
-        with contextlib.suppress(BaseException):
-            traceback.print_exc()
-    finally:
-        with contextlib.suppress(BaseException):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
-
-
-if __name__ == "__main__":
-    # Run from the imported module (not this __main__ copy), so task functions that import
-    # gpu_monitor.workers.pool see the same classes.
-    from gpu_monitor.workers import pool as _pool
-
-    if sys.argv[1:] == ["--forkserver"]:
-        os._exit(_pool._forkserver_main())
-    code = _pool._worker_main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # skip interpreter teardown: CUDA/NCCL destructors can hang there

@@ -23,7 +23,7 @@ from gpu_monitor.profiles import load_profile
 from gpu_monitor.runner import run_check
 from gpu_monitor.sim.inject import parse
 from gpu_monitor.sim.node import SimulatedNode
-from gpu_monitor.workers.pool import TEST_FAULT_ENV
+from gpu_monitor.workers.faults import TEST_FAULT_ENV
 
 
 def run_sim(count: int, faults=(), checks=None, env=None, nvml_wrapper=None):

@@ -24,7 +24,7 @@ from gpu_monitor.profiles import load_profile
 from gpu_monitor.runner import run_check
 from gpu_monitor.sim.inject import parse
 from gpu_monitor.sim.node import SimulatedNode
-from gpu_monitor.workers.pool import TEST_FAULT_ENV
+from gpu_monitor.workers.faults import TEST_FAULT_ENV
 
 SMALL_SWEEP = {"sweep_max_bytes": 32768}  # 8 B .. 32 KiB: fast on 2 cores
 

@@ -28,7 +28,7 @@ from gpu_monitor.sdc.probe_worker import TEST_NONDETERMINISM_ENV
 from gpu_monitor.sim.inject import parse
 from gpu_monitor.sim.node import SimulatedNode
 from gpu_monitor.sim.worker import SDC_FACTOR, Seam, sdc_forward_hook
-from gpu_monitor.workers.pool import TEST_FAULT_ENV
+from gpu_monitor.workers.faults import TEST_FAULT_ENV
 from tests.conftest import REPO
 
 SETTINGS = {"seed": 1234, "batch_size": 8, "hidden_size": 64, "layers": 2}

@@ -15,17 +15,8 @@ import time
 import pytest
 
 from gpu_monitor.host import WorkerSettings
-from gpu_monitor.workers.pool import (
-    TEST_FAULT_ENV,
-    DeviceRef,
-    Outcome,
-    Task,
-    TestFault,
-    WorkerPool,
-    _blame,
-    _check_uuids,
-    parse_test_faults,
-)
+from gpu_monitor.workers.faults import TEST_FAULT_ENV, TestFault, parse_test_faults
+from gpu_monitor.workers.pool import DeviceRef, Outcome, Task, WorkerPool, _blame, _check_uuids
 
 PROBE = "gpu_monitor.workers.device:probe"
 
@@ -61,7 +52,7 @@ def test_running_workers_and_an_active_check_never_imports_torch_in_the_parent()
         from gpu_monitor.profiles import load_profile
         from gpu_monitor.runner import run_check
         from gpu_monitor.sim.node import SimulatedNode
-        from gpu_monitor.workers import DeviceRef, Task, WorkerPool
+        from gpu_monitor.workers.pool import DeviceRef, Task, WorkerPool
         from gpu_monitor.host import WorkerSettings
         from checks.nvlink_peer import NvlinkPeer
 
@@ -179,7 +170,7 @@ def test_workers_exit_when_their_parent_is_killed(fork):
 
     script = textwrap.dedent(f"""
         from gpu_monitor.host import WorkerSettings
-        from gpu_monitor.workers import DeviceRef, Task, WorkerPool
+        from gpu_monitor.workers.pool import DeviceRef, Task, WorkerPool
         pool = WorkerPool(WorkerSettings(device_type="cpu",
                                          env={{"{TEST_FAULT_ENV}": "hang@gpu:0,at=setup"}}),
                           fork_server={fork})
@@ -261,6 +252,26 @@ def _state(tmp_path, **gpu1):
             {"index": 1, "uuid": "GPU-b", "speed_factor": 1.0, "wrong_results": False, **gpu1}]
     path.write_text(json.dumps({"gpus": gpus}))
     return {"GPU_MONITOR_SIM_STATE": str(path)}
+
+
+def test_the_device_seam_the_settings_name_reaches_each_device(tmp_path):
+    settings = WorkerSettings(device_type="cpu", env=_state(tmp_path, speed_factor=3.0),
+                              device_seam="gpu_monitor.sim.worker:seam_for")
+    outs = WorkerPool(settings).run([Task(PROBE, (DeviceRef(0, "GPU-a"),)),
+                                     Task(PROBE, (DeviceRef(1, "GPU-b"),))],
+                                    timeout_s=60, rounds=1)
+    assert all(o.ok for o in outs), [o.message for o in outs]
+    seams = [o.value["devices"][0]["seam"] for o in outs]
+    assert seams == [None, {"speed_factor": 3.0, "wrong_results": False}]
+
+
+def test_without_a_named_seam_the_simulation_state_reaches_no_device(tmp_path):
+    """Worker code never looks for the simulator by itself: the parent names the seam."""
+    settings = WorkerSettings(device_type="cpu", env=_state(tmp_path, speed_factor=3.0))
+    (out,) = WorkerPool(settings).run([Task(PROBE, (DeviceRef(1, "GPU-b"),))], timeout_s=60,
+                                      rounds=1)
+    assert out.ok, out.message
+    assert out.value["devices"][0]["seam"] is None
 
 
 def test_no_seam_without_the_simulation_state_variable():
