@@ -28,7 +28,7 @@ from gpu_monitor.fabric.idle import (
     NodeFacts,
     parse_active_summary,
 )
-from gpu_monitor.fabric.probe import parse_summary
+from gpu_monitor.fabric.probe_result import parse_summary
 
 if TYPE_CHECKING:
     from gpu_monitor.fabric.scheduler import SchedulerSettings
