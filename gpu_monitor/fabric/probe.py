@@ -19,9 +19,9 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
+from gpu_monitor.fabric import termination
 from gpu_monitor.fabric.probe_env import (
     TEST_FAULT_ENV,
     ProbeError,
@@ -32,7 +32,6 @@ from gpu_monitor.fabric.probe_rank import run
 from gpu_monitor.fabric.probe_result import (
     RESULT_SCHEMA,
     SUMMARY_KIND,
-    TERMINATION_LOG_LIMIT,
     VERDICT_EXIT,
     render_table,
     summarize,
@@ -41,15 +40,6 @@ from gpu_monitor.fabric.probe_settings import OPS
 from gpu_monitor.model import EXIT_HEALTHY, EXIT_UNKNOWN, EXIT_USAGE, iso, utcnow
 
 log = logging.getLogger(__name__)
-
-
-def write_termination_log(path: str, summary: Mapping[str, Any]) -> None:
-    data = json.dumps(summary, separators=(",", ":"))
-    try:
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(data[:TERMINATION_LOG_LIMIT])
-    except OSError as exc:
-        log.warning("cannot write the termination message to %s: %s", path, exc)
 
 
 # --- the command -------------------------------------------------------------------------------------
@@ -123,13 +113,13 @@ def cmd_fabric_probe(args: argparse.Namespace) -> int:
         message = f"{type(exc).__name__}: {exc}"[:1000]
         print(f"gpu-monitor fabric-probe: rank {env.rank}: {message}", file=sys.stderr)
         if args.termination_log and env.local_rank == 0:
-            write_termination_log(args.termination_log, {
+            termination.write(args.termination_log, {
                 "schema": RESULT_SCHEMA, "kind": SUMMARY_KIND, "group": group,
                 "verdict": "unknown", "reasons": ["FabricProbeError"], "node": env.node,
                 "rank": env.rank, "error": message, "finished_at": iso(utcnow())})
         return EXIT_UNKNOWN
     if env.local_rank == 0 and args.termination_log:
-        write_termination_log(args.termination_log, summarize(result, env.node))
+        termination.write(args.termination_log, summarize(result, env.node))
     if env.rank == 0:
         if args.result_file:
             with open(args.result_file, "w", encoding="utf-8") as fh:

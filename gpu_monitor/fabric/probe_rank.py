@@ -38,6 +38,8 @@ from gpu_monitor.fabric.transport import (
     parse_nccl_debug,
 )
 from gpu_monitor.model import utcnow
+from gpu_monitor.profiles import load_profile, match_profile
+from gpu_monitor.workers.device import normalize_uuid
 
 _WEIGHTS = 16  # contribution weights 1..16 (rank mod 16 + 1)
 _EXACT = 1 << 24  # fp32 represents every integer below this exactly
@@ -176,8 +178,6 @@ def _identity(env: LaunchEnv, device: Any) -> dict[str, Any]:
     if getattr(device, "type", "cpu") == "cuda":
         import torch
 
-        from gpu_monitor.workers.device import normalize_uuid
-
         props = torch.cuda.get_device_properties(device)
         ident["gpu_uuid"] = normalize_uuid(props.uuid)
         ident["gpu_name"] = props.name
@@ -200,8 +200,6 @@ def _pick_device(kind: str, env: LaunchEnv) -> Any:
 
 
 def _load_profile(ref: str | None, device: Any) -> Any:
-    from gpu_monitor.profiles import load_profile, match_profile
-
     if ref and ref != "auto":
         return load_profile(ref)
     if getattr(device, "type", "cpu") == "cuda":

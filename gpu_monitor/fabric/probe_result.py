@@ -42,7 +42,6 @@ from gpu_monitor.nccl import (
 RESULT_SCHEMA = 1
 RESULT_KIND = "FabricProbeResult"
 SUMMARY_KIND = "FabricProbeSummary"
-TERMINATION_LOG_LIMIT = termination.TERMINATION_LOG_LIMIT
 REASONS = ("FabricWrongData", "FabricBusBwLow", "FabricLatencyHigh", "FabricTransportFallback",
            "FabricProbeError")
 
@@ -138,7 +137,7 @@ def largest(rows: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
 
 
 def summarize(result: Mapping[str, Any], node: str | None = None,
-              limit: int = TERMINATION_LOG_LIMIT) -> dict[str, Any]:
+              limit: int = termination.TERMINATION_LOG_LIMIT) -> dict[str, Any]:
     """The compact summary for a termination message: verdict, reasons, suspects, the busbw
     at the largest size and the worst small-message p95 per op, the transport; the node
     list is shortened until the JSON fits in ``limit`` bytes."""

@@ -8,8 +8,8 @@ import json
 import pytest
 from nccl_tests_tables import nccl_tests_rows
 
+from gpu_monitor.fabric import termination
 from gpu_monitor.fabric.probe_result import (
-    TERMINATION_LOG_LIMIT,
     group_findings,
     parse_summary,
     stragglers,
@@ -133,5 +133,5 @@ def test_summary_round_trips_and_carries_the_numbers():
 def test_summary_fits_a_termination_message_for_a_big_group():
     nodes = [f"a-rather-long-gpu-node-name-{i:04d}.cluster.example.com" for i in range(512)]
     s = summarize(_result(nodes))
-    assert len(json.dumps(s, separators=(",", ":")).encode()) <= TERMINATION_LOG_LIMIT
+    assert len(json.dumps(s, separators=(",", ":")).encode()) <= termination.TERMINATION_LOG_LIMIT
     assert s["nodes_truncated"] and s["suspect_nodes"] == [nodes[0]]
