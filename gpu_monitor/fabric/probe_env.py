@@ -22,8 +22,6 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-TEST_FAULT_ENV = "GPU_MONITOR_FABRIC_TEST_FAULT"
-
 
 class ProbeError(Exception):
     """The probe cannot run (launcher environment, settings)."""
@@ -81,6 +79,8 @@ def launch_env(environ: Mapping[str, str]) -> LaunchEnv:
 
 
 # --- the test-only fault seam ----------------------------------------------------------------------
+
+TEST_FAULT_ENV = "GPU_MONITOR_FABRIC_TEST_FAULT"
 
 
 @dataclass(frozen=True)
