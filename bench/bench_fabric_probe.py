@@ -1,7 +1,7 @@
 """Benchmark: the fabric probe's busbw at its largest size vs a bare torch.distributed loop.
 
 Same processes, same backend (gloo on CPU, NCCL on CUDA), same size and dtype (fp32), same run:
-each round every rank runs the probe's own timed loop (``gpu_monitor.fabric.probe.ProbeRank
+each round every rank runs the probe's own timed loop (``gpu_monitor.fabric.probe_rank.ProbeRank
 .timed``: each collective timed on its own, busbw from the slowest rank's mean, as the probe
 reports it) and a bare loop (N back-to-back collectives, one synchronise, the slowest rank's
 wall time), alternating which goes first, for all-reduce and all-gather. Printed per op: the
@@ -26,7 +26,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # _util; the repo (run from a checkout)
 from _util import free_port  # noqa: E402
 
-from gpu_monitor.fabric.probe import CPU_MAX_BYTES, ProbeRank, bus_factor  # noqa: E402
+from gpu_monitor.fabric.probe_rank import ProbeRank  # noqa: E402
+from gpu_monitor.fabric.probe_settings import CPU_MAX_BYTES  # noqa: E402
+from gpu_monitor.nccl import bus_factor  # noqa: E402
 
 
 def rank_main(a: argparse.Namespace) -> int:

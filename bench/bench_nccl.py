@@ -22,8 +22,8 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from checks.nccl_allreduce import bus_factor  # noqa: E402
 from gpu_monitor.host import WorkerSettings  # noqa: E402
+from gpu_monitor.nccl import ALL_REDUCE, bus_factor  # noqa: E402
 from gpu_monitor.workers.pool import DeviceRef, Task, WorkerPool  # noqa: E402
 
 
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     def busbw(seconds: float) -> float:
-        return args.bytes / seconds / 1e9 * bus_factor(args.world)
+        return args.bytes / seconds / 1e9 * bus_factor(ALL_REDUCE, args.world)
 
     # Per round, the slowest rank's time, as both the check and nccl-tests report it.
     ours = [busbw(max(ts)) for ts in zip(*(o.value["ours_s"] for o in outs), strict=True)]

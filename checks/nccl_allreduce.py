@@ -19,8 +19,6 @@ and named by its progress (the others were waiting for it).
 
 from __future__ import annotations
 
-import math
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +26,15 @@ from typing import Any
 from checks._gpus import active_gpus
 from gpu_monitor.check import Check, Context
 from gpu_monitor.model import NODE, Action, Kind, Result, Status, gpu_target
+from gpu_monitor.nccl import (
+    ALL_REDUCE,
+    SweepLimits,
+    busbw_breach,
+    latency_breach,
+    rounded,
+    sweep_sizes,
+    sweep_table,
+)
 from gpu_monitor.workers.pool import WORKER_REASONS, DeviceRef, Outcome, Task, WorkerPool
 
 _PATTERN_MOD = 251  # pattern values 1..251; x n(n+1)/2 stays below 2**24 up to n = 364
@@ -135,58 +142,6 @@ def allreduce_worker(ctx: Any) -> dict[str, Any]:
 # --- judgement (pure) --------------------------------------------------------------------------
 
 
-def sweep_sizes(lo: int, hi: int, factor: int) -> list[int]:
-    sizes, s = [], max(1, int(lo))
-    factor = max(2, int(factor))
-    while s <= hi:
-        sizes.append(s)
-        s *= factor
-    return sizes
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (``q`` in 0..100), as nccl-tests reports i_p99."""
-    ordered = sorted(values)
-    k = max(1, math.ceil(q / 100.0 * len(ordered)))
-    return ordered[k - 1]
-
-
-def bus_factor(n: int) -> float:
-    return 2.0 * (n - 1) / n if n > 0 else 0.0
-
-
-def table(per_rank: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Per size: latency of the slowest rank per iteration, p50/p95, algbw and busbw."""
-    n = len(per_rank)
-    rows = []
-    for k, first in enumerate(per_rank[0]["rows"]):
-        series = [r["rows"][k]["times_s"] for r in per_rank]
-        slowest = [max(ts) for ts in zip(*series, strict=True)]
-        # Bandwidth from the slowest rank's mean iteration (nccl-tests times a rank's whole
-        # loop); the per-iteration maximum would add every rank's jitter on top.
-        mean = max(statistics.fmean(ts) for ts in series) if slowest else float("nan")
-        algbw = first["bytes"] / mean / 1e9 if mean > 0 else 0.0
-        rows.append({
-            "bytes": first["bytes"],
-            "p50_s": percentile(slowest, 50),
-            "p95_s": percentile(slowest, 95),
-            "time_avg_s": mean,
-            "algbw_gb_per_s": algbw,
-            "busbw_gb_per_s": algbw * bus_factor(n),
-            "wrong": sum(int(r["rows"][k]["wrong"]) for r in per_rank),
-        })
-    return rows
-
-
-@dataclass(frozen=True)
-class Limits:
-    busbw_floor_gb_per_s: float | None
-    large_message_min_bytes: int
-    small_message_max_bytes: int
-    small_p95_latency_limit_s: float | None
-    warning_band: float
-
-
 @dataclass(frozen=True)
 class Finding:
     status: Status
@@ -197,7 +152,7 @@ class Finding:
 
 
 def judge(rows: Sequence[Mapping[str, Any]], suspects: Sequence[int] | None,
-          wrong_ranks: Sequence[int], limits: Limits) -> list[Finding]:
+          wrong_ranks: Sequence[int], limits: SweepLimits) -> list[Finding]:
     findings: list[Finding] = []
     wrong = sum(r["wrong"] for r in rows)
     if wrong:
@@ -217,30 +172,13 @@ def judge(rows: Sequence[Mapping[str, Any]], suspects: Sequence[int] | None,
                 f"{names}; no single device's contribution was wrong", Action.REPLACE))
     if not rows:
         return findings
-    large = [r for r in rows if r["bytes"] >= limits.large_message_min_bytes] or [rows[-1]]
-    floor = limits.busbw_floor_gb_per_s
-    if floor:
-        low = min(large, key=lambda r: r["busbw_gb_per_s"])
-        bw = low["busbw_gb_per_s"]
-        if bw < floor:
-            findings.append(Finding(
-                Status.FAILED, NODE, "NcclBusBwLow",
-                f"busbw {bw:.4g} GB/s at {low['bytes']} B is below the floor {floor:g} GB/s",
-                Action.WATCH))
-        elif bw < floor * (1.0 + limits.warning_band):
-            findings.append(Finding(
-                Status.DEGRADED, NODE, "NcclBusBwLow",
-                f"busbw {bw:.4g} GB/s at {low['bytes']} B is within {limits.warning_band:g} "
-                f"of the floor {floor:g} GB/s", Action.WATCH))
-    limit = limits.small_p95_latency_limit_s
-    small = [r for r in rows if r["bytes"] <= limits.small_message_max_bytes]
-    if limit and small:
-        slow = max(small, key=lambda r: r["p95_s"])
-        if slow["p95_s"] > limit:
-            findings.append(Finding(
-                Status.FAILED, NODE, "NcclLatencyHigh",
-                f"p95 latency {slow['p95_s'] * 1e6:.1f} us at {slow['bytes']} B is above the "
-                f"limit {limit * 1e6:.1f} us", Action.WATCH))
+    low = busbw_breach(rows, limits)
+    if low is not None:
+        findings.append(Finding(low.status, NODE, "NcclBusBwLow", low.message, Action.WATCH))
+    slow = latency_breach(rows, limits)
+    if slow is not None:
+        findings.append(Finding(slow.status, NODE, "NcclLatencyHigh", slow.message,
+                                Action.WATCH))
     return findings
 
 
@@ -274,7 +212,7 @@ class NcclAllreduce(Check):
 
         sizes = sweep_sizes(int(get("sweep_min_bytes", 8)),
                             int(get("sweep_max_bytes", 2 ** 31)), int(get("sweep_factor", 4)))
-        limits = Limits(
+        limits = SweepLimits(
             busbw_floor_gb_per_s=_opt_float(get("allreduce_busbw_floor_gb_per_s")),
             large_message_min_bytes=int(get("large_message_min_bytes", sizes[-1])),
             small_message_max_bytes=int(get("small_message_max_bytes", 65536)),
@@ -297,14 +235,14 @@ class NcclAllreduce(Check):
         if not all(o.ok for o in outcomes):
             return results + self._worker_failures(ctx, outcomes, base)
         values = [o.value or {} for o in outcomes]
-        rows = table(values)
+        rows = sweep_table(ALL_REDUCE, [v["rows"] for v in values])
         suspects = next((v["suspects"] for v in values if v.get("suspects") is not None), None)
         wrong_ranks = [refs[k].index for k, v in enumerate(values)
                        if any(r["wrong"] for r in v["rows"])]
         # Ranks are positions in ``refs``; targets are NVML indices.
         suspects = None if suspects is None else [refs[k].index for k in suspects]
         findings = judge(rows, suspects, wrong_ranks, limits)
-        details = {**base, "backend": values[0].get("backend"), "table": _rounded(rows),
+        details = {**base, "backend": values[0].get("backend"), "table": rounded(rows),
                    "mode": "concurrent (one process per device)"}
         diagnosis = {"suspects": suspects,
                      "diagnosed_at_bytes": next((v.get("diagnosed_at_bytes") for v in values
@@ -351,8 +289,3 @@ class NcclAllreduce(Check):
 
 def _opt_float(value: Any) -> float | None:
     return None if value is None else float(value)
-
-
-def _rounded(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    return [{k: (float(f"{v:.6g}") if isinstance(v, float) else v) for k, v in r.items()}
-            for r in rows]

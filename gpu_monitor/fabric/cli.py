@@ -39,13 +39,13 @@ def register_fabric_scheduler(subparsers: Any,
                               api_factory: ApiFactory | None = None) -> argparse.ArgumentParser:
     """``api_factory(args)`` returns a ``kubernetes.client.ApiClient`` (or a ``Kube``);
     default: in-cluster config, then ``--kubeconfig``. Tests pass one for the fake server."""
-    from gpu_monitor.fabric import scheduler
+    from gpu_monitor.fabric import scheduler_command
 
     p = subparsers.add_parser(
         "fabric-scheduler", help="probe idle GPU nodes' fabric from Indexed Jobs, bisect "
                                  "failures, file GPUHealthReports (Lease-led)")
-    scheduler.add_arguments(p)
-    p.set_defaults(func=lambda a, f=api_factory: scheduler.cmd_fabric_scheduler(a, f))
+    scheduler_command.add_arguments(p)
+    p.set_defaults(func=lambda a, f=api_factory: scheduler_command.cmd_fabric_scheduler(a, f))
     return p
 
 

@@ -38,7 +38,9 @@ from typing import Any
 
 from gpu_monitor.fabric import termination
 from gpu_monitor.hw.paths import DEFAULT_REPORT_DIR
-from gpu_monitor.model import EXIT_UNKNOWN, EXIT_USAGE, iso, utcnow
+from gpu_monitor.model import ACTION_SEVERITY, EXIT_UNKNOWN, EXIT_USAGE, iso, utcnow
+from gpu_monitor.remediate.kube import Kube, load_api_client
+from gpu_monitor.remediate.reports import GROUP, PLURAL, VERSION, report_object
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +69,6 @@ PRIORITY_CLASS = "gpu-monitor-idle-check"
 DEFAULT_CHECKS = ("dcgm_diag", "burn_in", "nccl_allreduce", "sdc_probe")
 SUMMARY_KIND = "ActiveCheckSummary"
 SUMMARY_SCHEMA = 1
-TERMINATION_LOG_LIMIT = termination.TERMINATION_LOG_LIMIT
 
 _DONE_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -409,7 +410,7 @@ def build_active_check_job(node: str, gpus: int, spec: ActiveCheckSpec, *, probe
 
 
 def summarize_report(report: Mapping[str, Any], node: str,
-                     limit: int = TERMINATION_LOG_LIMIT) -> dict[str, Any]:
+                     limit: int = termination.TERMINATION_LOG_LIMIT) -> dict[str, Any]:
     """The compact termination-message form of a bootstrap report."""
     failed = [r for r in report.get("results") or []
               if r.get("status") in ("failed", "unknown")]
@@ -432,11 +433,9 @@ def failure_report(report: Mapping[str, Any], node: str, now: datetime,
                    namespace: str) -> dict[str, Any] | None:
     """A GPUHealthReport body for an unhealthy bootstrap report (None unless unhealthy): the
     reason of the worst failed result, the failed results as evidence."""
-    from gpu_monitor.remediate.reports import report_object
-
     if report.get("verdict") != "unhealthy":
         return None
-    order = {"replace": 4, "reboot": 3, "reset_gpu": 2, "watch": 1, "none": 0}
+    order = {a.value: severity for a, severity in ACTION_SEVERITY.items()}
     failed = [r for r in report.get("results") or [] if r.get("status") == "failed"]
     if not failed:
         return None
@@ -497,20 +496,12 @@ def run_active_checks(checks: Sequence[str], node: str, *, deliver: str = "drop-
             path = write_drop_file(drop_dir, body, f"idle-check-{short_name(node)}-{stamp}.json")
             summary["delivered"] = path
         elif body is not None and deliver == "crd":
-            from gpu_monitor.remediate.reports import GROUP, PLURAL, VERSION
-
             if kube is None:
-                from gpu_monitor.remediate.kube import Kube, load_api_client
-
                 kube = Kube(load_api_client())
             made = kube.create_custom(GROUP, VERSION, namespace, PLURAL, body)
             summary["delivered"] = (made or {}).get("metadata", {}).get("name")
     if termination_log:
-        try:
-            with open(termination_log, "w", encoding="utf-8") as fh:
-                fh.write(json.dumps(summary, separators=(",", ":"))[:TERMINATION_LOG_LIMIT])
-        except OSError as exc:
-            log.warning("cannot write %s: %s", termination_log, exc)
+        termination.write(termination_log, summary)
     print(json.dumps(report if report is not None else summary, indent=2))
     return proc.returncode, report
 

@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from gpu_monitor.clock import Clock
+from gpu_monitor.remediate.kube import KubeError
 
 if TYPE_CHECKING:
     from gpu_monitor.fabric.api import FabricApi
@@ -65,8 +66,6 @@ class LeaderElector:
                 "leaseTransitions": transitions}
 
     def try_acquire_or_renew(self) -> bool:
-        from gpu_monitor.remediate.kube import KubeError
-
         now, mono = self.clock.now(), self.clock.monotonic()
         try:
             lease = self.api.get_lease(self.namespace, self.name)
@@ -116,8 +115,6 @@ class LeaderElector:
 
     def release(self) -> None:
         """Step down now, so another candidate need not wait a lease duration."""
-        from gpu_monitor.remediate.kube import KubeError
-
         if not self._leader:
             return
         self._leader = False

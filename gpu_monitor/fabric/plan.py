@@ -11,7 +11,7 @@ import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpu_monitor.fabric.bisect import ABANDONED, FAIL, PASS, UNKNOWN
 from gpu_monitor.fabric.idle import (
@@ -28,11 +28,8 @@ from gpu_monitor.fabric.idle import (
     NodeFacts,
     parse_active_summary,
 )
-from gpu_monitor.fabric.probe import parse_summary
-
-if TYPE_CHECKING:
-    from gpu_monitor.fabric.scheduler import SchedulerSettings
-
+from gpu_monitor.fabric.probe_result import parse_summary
+from gpu_monitor.fabric.scheduler_settings import SchedulerSettings
 
 KINDS = ("group", "bisect", "active-check")
 OUTCOMES = (PASS, FAIL, UNKNOWN, ABANDONED)

@@ -9,7 +9,11 @@ by cutting the JSON, and both are read back only when they are what they claim t
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Mapping
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 TERMINATION_LOG_LIMIT = 4096  # bytes Kubernetes keeps of a termination message
 
@@ -41,3 +45,14 @@ def parse(text: str | None, kind: str, schema: int | None = None) -> dict[str, A
     if schema is not None and data.get("schema") != schema:
         return None
     return data
+
+
+def write(path: str, summary: Mapping[str, Any]) -> None:
+    """Write the compact JSON to ``path`` (at most the limit); a pod that cannot write its
+    termination message still exits with its code, so a failure is logged, not raised."""
+    data = json.dumps(summary, separators=(",", ":"))
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(data[:TERMINATION_LOG_LIMIT])
+    except OSError as exc:
+        log.warning("cannot write the termination message to %s: %s", path, exc)

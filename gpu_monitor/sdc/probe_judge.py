@@ -9,7 +9,7 @@ described there and in docs/checks-notes/sdc_probe.md.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,7 +59,9 @@ def judge(ring: Sequence[int], runs: Mapping[int, Mapping[str, Any]],
     """Judge the devices' result tables (``runs[i]``: ``rows`` owner -> row, ``again``).
 
     ``ring`` is every device that was asked to run (index order); ``runs`` holds those that
-    returned a result. ``reference`` maps an owner's index to its stored row.
+    returned a result. ``reference`` maps an owner's index to its stored row. The steps, in
+    order: determinism, the ring, the per-micro-batch vote, the stored reference, then the
+    findings they add up to.
     """
     devs = [i for i in ring if i in runs]  # the devices compared, in ring order
     m = len(devs)
@@ -73,64 +75,132 @@ def judge(ring: Sequence[int], runs: Mapping[int, Mapping[str, Any]],
     nondet = [d for d in devs if rows[d][d] != again[d]]
     j.evidence["nondeterministic"] = [device(d) for d in nondet]
     if nondet and 2 * len(nondet) >= m:
-        text = (f"{len(nondet)} of {m} devices computed the same micro-batch twice and got "
-                "different bits: the platform is not bit-reproducible (non-deterministic "
-                "kernels?), so no comparison can be trusted and none was made")
-        j.node.append(Finding(Status.UNKNOWN, "SdcProbeNondeterministic", text))
-        for d in devs:
-            own = ("did not reproduce its own micro-batch" if d in nondet
-                   else "reproduced its own micro-batch")
-            j.devices[d].append(Finding(Status.UNKNOWN, "SdcProbeNondeterministic",
-                                        f"{own}; not compared: {text}"))
+        _not_reproducible(j, devs, nondet)
         return j
 
+    # 2. The ring; 3. the vote; 4. the stored reference: independent evidence, and it can
+    # attribute what the ring cannot.
     named: dict[int, list[dict[str, Any]]] = {}
+    software, unattributable = _ring(j, devs, rows, again, named)
+    split = _vote(j, devs, rows, named)
+    ref_wrong: list[int] = []
+    if reference:
+        ref_wrong = _compare_reference(j, devs, rows, reference, m)
+    attributed = set(named) | (set(ref_wrong) if len(ref_wrong) < m else set())
 
-    def name(d: int, evidence: dict[str, Any]) -> None:
-        named.setdefault(d, []).append(evidence)
+    if software or loc.software_problem(list(named), m):
+        _inconsistent_platform(j, devs)
+        named, unattributable, split = {}, [], []
+    for d, items in named.items():
+        j.devices[d].append(Finding(Status.FAILED, "SdcDetected", _sdc_message(items),
+                                    Action.REPLACE, {"sdc": items}))
+    _unattributed(j, unattributable, split, attributed, m)
 
-    # 2. The ring, with the library's decisions; positions 0..m-1 stand for devs.
+    # Minority non-determinism that nothing else explains.
+    for d in nondet:
+        if not any(f.status is Status.FAILED for f in j.devices[d]):
+            j.devices[d].append(Finding(
+                Status.UNKNOWN, "SdcProbeNondeterministic",
+                f"computed its own micro-batch twice and got different bits, while the other "
+                f"{m - len(nondet)} devices reproduced theirs: possibly an intermittent "
+                "fault; rerun the probe"))
+
+    j.peers = {d: [e for e in devs if e != d and rows[e] == rows[d]] for d in devs}
+    if not j.node and not any(j.devices.values()):
+        j.agreed = _agreed_rows(devs, rows)
+    return j
+
+
+def _not_reproducible(j: Judgement, devs: Sequence[int], nondet: Sequence[int]) -> None:
+    """At least half the devices did not reproduce their own micro-batch: nothing compared."""
+    text = (f"{len(nondet)} of {len(devs)} devices computed the same micro-batch twice and got "
+            "different bits: the platform is not bit-reproducible (non-deterministic "
+            "kernels?), so no comparison can be trusted and none was made")
+
+    def own(d: int) -> str:
+        did = ("did not reproduce its own micro-batch" if d in nondet
+               else "reproduced its own micro-batch")
+        return f"{did}; not compared: {text}"
+
+    _not_comparable(j, devs, text, own)
+
+
+def _inconsistent_platform(j: Judgement, devs: Sequence[int]) -> None:
+    """Each device reproduces itself but they disagree almost everywhere: nobody is named."""
+    text = (f"the {len(devs)} devices reproduce their own results but disagree with each other "
+            "almost everywhere: the platform is not bit-reproducible across devices "
+            "(mixed GPU models, drivers or settings?); no device is named")
+    _not_comparable(j, devs, text, lambda d: text)
+
+
+def _not_comparable(j: Judgement, devs: Sequence[int], text: str,
+                    per_device: Callable[[int], str]) -> None:
+    """The platform's results cannot be compared: unknown on the node and on every device."""
+    j.node.append(Finding(Status.UNKNOWN, "SdcProbeNondeterministic", text))
+    for d in devs:
+        j.devices[d].append(Finding(Status.UNKNOWN, "SdcProbeNondeterministic", per_device(d)))
+
+
+def _name(named: dict[int, list[dict[str, Any]]], d: int, evidence: dict[str, Any]) -> None:
+    named.setdefault(d, []).append(evidence)
+
+
+def _ring(j: Judgement, devs: Sequence[int], rows: Mapping[int, Mapping[int, Row]],
+          again: Mapping[int, Row], named: dict[int, list[dict[str, Any]]]
+          ) -> tuple[bool, list[tuple[int, int]]]:
+    """The ring, with the library's decisions (positions 0..m-1 stand for ``devs``): names
+    culprits and confirmed suspects in ``named``; returns whether the library saw a software
+    problem, and the mismatched (target, replayer) pairs no third device could attribute."""
+    m = len(devs)
     software = False
     unattributable: list[tuple[int, int]] = []
-    if m >= 2:
-        own = [rows[d][d] for d in devs]
-        replays = [rows[devs[p]][devs[(p + PEER_OFFSET) % m]] for p in range(m)]
-        pairs = loc.mismatched_pairs(own, replays, PEER_OFFSET)
-        where = loc.localize(pairs, m, PEER_OFFSET)
-        plans = loc.plan_confirmations(where.ambiguous, m, PEER_OFFSET)
-        results: dict[tuple[int, str, int], Row] = {}
-        for p in range(m):
-            for kind, t in loc.confirmation_work(plans, p):
-                mine = again[devs[t]] if kind == loc.RECOMPUTE else rows[devs[p]][devs[t]]
-                results[(p, kind, t)] = mine
-        verdicts = loc.verdicts(plans, own, replays, results, m, PEER_OFFSET)
-        pair_names = [[device(devs[t]), device(devs[r])] for t, r in where.pairs]
-        j.evidence.update({
-            "mismatched_pairs": pair_names,
-            "culprits": [device(devs[c]) for c in where.culprits],
-            "verdicts": [{"pair": [device(devs[v["pair"][0]]), device(devs[v["pair"][1]])],
-                          "third": None if v["third"] is None else device(devs[v["third"]]),
-                          "suspect": None if v["suspect"] is None else device(devs[v["suspect"]]),
-                          "kind": v["kind"]} for v in verdicts],
-        })
-        if where.note:
-            software = True
-        for c in where.culprits:
-            mine = [[device(devs[t]), device(devs[r])] for t, r in where.pairs if c in (t, r)]
-            name(devs[c], {"kind": CULPRIT, "pairs": mine})
-        for v in verdicts:
-            t, r = v["pair"]
-            third = None if v["third"] is None else device(devs[v["third"]])
-            if v["suspect"] is not None:
-                name(devs[v["suspect"]], {"kind": v["kind"],
-                                          "pairs": [[device(devs[t]), device(devs[r])]],
-                                          "third": third})
-            else:
-                unattributable.append((devs[t], devs[r]))
-        if unattributable:
-            j.evidence["unattributable"] = [[device(t), device(r)] for t, r in unattributable]
+    if m < 2:
+        return software, unattributable
+    own = [rows[d][d] for d in devs]
+    replays = [rows[devs[p]][devs[(p + PEER_OFFSET) % m]] for p in range(m)]
+    pairs = loc.mismatched_pairs(own, replays, PEER_OFFSET)
+    where = loc.localize(pairs, m, PEER_OFFSET)
+    plans = loc.plan_confirmations(where.ambiguous, m, PEER_OFFSET)
+    results: dict[tuple[int, str, int], Row] = {}
+    for p in range(m):
+        for kind, t in loc.confirmation_work(plans, p):
+            mine = again[devs[t]] if kind == loc.RECOMPUTE else rows[devs[p]][devs[t]]
+            results[(p, kind, t)] = mine
+    verdicts = loc.verdicts(plans, own, replays, results, m, PEER_OFFSET)
+    pair_names = [[device(devs[t]), device(devs[r])] for t, r in where.pairs]
+    j.evidence.update({
+        "mismatched_pairs": pair_names,
+        "culprits": [device(devs[c]) for c in where.culprits],
+        "verdicts": [{"pair": [device(devs[v["pair"][0]]), device(devs[v["pair"][1]])],
+                      "third": None if v["third"] is None else device(devs[v["third"]]),
+                      "suspect": None if v["suspect"] is None else device(devs[v["suspect"]]),
+                      "kind": v["kind"]} for v in verdicts],
+    })
+    if where.note:
+        software = True
+    for c in where.culprits:
+        mine = [[device(devs[t]), device(devs[r])] for t, r in where.pairs if c in (t, r)]
+        _name(named, devs[c], {"kind": CULPRIT, "pairs": mine})
+    for v in verdicts:
+        t, r = v["pair"]
+        third = None if v["third"] is None else device(devs[v["third"]])
+        if v["suspect"] is not None:
+            _name(named, devs[v["suspect"]], {"kind": v["kind"],
+                                              "pairs": [[device(devs[t]), device(devs[r])]],
+                                              "third": third})
+        else:
+            unattributable.append((devs[t], devs[r]))
+    if unattributable:
+        j.evidence["unattributable"] = [[device(t), device(r)] for t, r in unattributable]
+    return software, unattributable
 
-    # 3. The per-micro-batch vote (every device computed every micro-batch).
+
+def _vote(j: Judgement, devs: Sequence[int], rows: Mapping[int, Mapping[int, Row]],
+          named: dict[int, list[dict[str, Any]]]) -> list[int]:
+    """The per-micro-batch vote (every device computed every micro-batch): names the devices
+    outvoted, clears those the vote shows right; returns the micro-batches without a strict
+    majority."""
+    m = len(devs)
     outvoted: dict[int, list[int]] = {}
     split: list[int] = []
     if m >= 3:
@@ -149,7 +219,7 @@ def judge(ring: Sequence[int], runs: Mapping[int, Mapping[str, Any]],
             j.evidence["no_majority"] = [device(b) for b in split]
     for d, bs in outvoted.items():
         if d not in named:
-            name(d, {"kind": OUTVOTED, "micro_batches": [device(b) for b in bs]})
+            _name(named, d, {"kind": OUTVOTED, "micro_batches": [device(b) for b in bs]})
     if m >= 3 and not split:
         # Every micro-batch has a strict-majority result: a device whose every result agrees
         # with it computed right, whatever the ring said (two faulty devices at ring distance 2
@@ -159,24 +229,14 @@ def judge(ring: Sequence[int], runs: Mapping[int, Mapping[str, Any]],
             del named[d]
         if cleared:
             j.evidence["cleared_by_vote"] = [device(d) for d in cleared]
+    return split
 
-    # 4. The stored reference: independent evidence, and it can attribute what the ring cannot.
-    ref_wrong: list[int] = []
-    if reference:
-        ref_wrong = _compare_reference(j, devs, rows, reference, m)
-    attributed = set(named) | (set(ref_wrong) if len(ref_wrong) < m else set())
 
-    if software or loc.software_problem(list(named), m):
-        text = (f"the {m} devices reproduce their own results but disagree with each other "
-                "almost everywhere: the platform is not bit-reproducible across devices "
-                "(mixed GPU models, drivers or settings?); no device is named")
-        j.node.append(Finding(Status.UNKNOWN, "SdcProbeNondeterministic", text))
-        for d in devs:
-            j.devices[d].append(Finding(Status.UNKNOWN, "SdcProbeNondeterministic", text))
-        named, unattributable, split = {}, [], []
-    for d, items in named.items():
-        j.devices[d].append(Finding(Status.FAILED, "SdcDetected", _sdc_message(items),
-                                    Action.REPLACE, {"sdc": items}))
+def _unattributed(j: Judgement, unattributable: Sequence[tuple[int, int]], split: Sequence[int],
+                  attributed: set[int], m: int) -> None:
+    """Disagreements no evidence attributes: a node finding per pair (unknown on both of its
+    devices), and one for micro-batches without a majority; none where other evidence already
+    names a device."""
     groups: dict[tuple[int, int], list[int]] = {}
     for t, r in unattributable:
         groups.setdefault((min(t, r), max(t, r)), []).append(t)
@@ -203,26 +263,17 @@ def judge(ring: Sequence[int], runs: Mapping[int, Mapping[str, Any]],
             "majority: silent data corruption, unattributable", Action.NONE,
             {"no_majority": [device(b) for b in split]}))
 
-    # Minority non-determinism that nothing else explains.
-    for d in nondet:
-        if not any(f.status is Status.FAILED for f in j.devices[d]):
-            j.devices[d].append(Finding(
-                Status.UNKNOWN, "SdcProbeNondeterministic",
-                f"computed its own micro-batch twice and got different bits, while the other "
-                f"{m - len(nondet)} devices reproduced theirs: possibly an intermittent "
-                "fault; rerun the probe"))
 
-    j.peers = {d: [e for e in devs if e != d and rows[e] == rows[d]] for d in devs}
-    if not j.node and not any(j.devices.values()):
-        agreed: dict[int, Row] = {}
-        for b in devs:
-            values = {rows[d].get(b) for d in devs}
-            if len(values) != 1 or None in values:
-                break
-            agreed[b] = values.pop()
-        else:
-            j.agreed = agreed
-    return j
+def _agreed_rows(devs: Sequence[int], rows: Mapping[int, Mapping[int, Row]]
+                 ) -> dict[int, Row] | None:
+    """Every owner's row, when every device computed the same one for every owner."""
+    agreed: dict[int, Row] = {}
+    for b in devs:
+        values = {rows[d].get(b) for d in devs}
+        if len(values) != 1 or None in values:
+            return None
+        agreed[b] = values.pop()
+    return agreed
 
 
 def _compare_reference(j: Judgement, devs: Sequence[int], rows: Mapping[int, Mapping[int, Row]],

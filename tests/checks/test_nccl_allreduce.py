@@ -1,25 +1,17 @@
-"""nccl_allreduce: nccl-tests' formulas on real outputs, judgement, and gloo runs on the
-simulated node (wrong data named, hangs and crashes named, one device skipped)."""
+"""nccl_allreduce: judgement, and gloo runs on the simulated node (wrong data named, hangs and
+crashes named, one device skipped). nccl-tests' formulas on real outputs are held in
+tests/core/test_nccl.py."""
 
 from __future__ import annotations
-
-import re
 
 import pytest
 from cuda_helpers import cuda_count
 
-from checks.nccl_allreduce import (
-    Limits,
-    NcclAllreduce,
-    bus_factor,
-    judge,
-    percentile,
-    sweep_sizes,
-    table,
-)
+from checks.nccl_allreduce import NcclAllreduce, judge
 from gpu_monitor.check import Context
 from gpu_monitor.config import parse_config
 from gpu_monitor.model import Status
+from gpu_monitor.nccl import SweepLimits
 from gpu_monitor.profiles import load_profile
 from gpu_monitor.runner import run_check
 from gpu_monitor.sim.inject import parse
@@ -44,68 +36,12 @@ def run_sim(count: int, faults=(), checks=None, env=None):
     return {r.target: r for r in outcome.results}
 
 
-# --- nccl-tests' numbers ----------------------------------------------------------------------
-
-
-_ROW = re.compile(r"^\s+(\d+)\s+(\d+)\s+float\s+sum\s+(?:-?\d+\s+)?([\d.]+)\s+([\d.]+)\s+([\d.]+)")
-
-
-def _fixture_rows(path):
-    text = path.read_text()
-    ranks = len(re.findall(r"^#\s+Rank\s+\d+", text, re.M))
-    rows = [tuple(float(x) for x in m.groups()) for m in map(_ROW.match, text.splitlines())
-            if m]
-    return ranks, [r for r in rows if r[3] >= 1.0]  # algbw printed with 2 decimals: skip tiny
-
-
-@pytest.mark.parametrize("name", [
-    "superbench_all_reduce_perf_8xA100-SXM4-40GB.log",
-    "gcp-a3mega_all_reduce_perf_2node_16xH100_mpirun.txt",
-])
-def test_algbw_and_busbw_match_nccl_tests_on_recorded_runs(fixtures_dir, name):
-    ranks, rows = _fixture_rows(fixtures_dir / "nccl_tests" / name)
-    assert ranks in (8, 16) and len(rows) > 5
-    for size, _count, time_us, algbw, busbw in rows:
-        per_rank = [{"rows": [{"bytes": int(size), "times_s": [time_us * 1e-6] * 3,
-                               "wrong": 0}]}] * ranks
-        (row,) = table(per_rank)
-        assert row["algbw_gb_per_s"] == pytest.approx(algbw, abs=0.006, rel=0.003)
-        assert row["busbw_gb_per_s"] == pytest.approx(busbw, abs=0.006, rel=0.003)
-
-
-def test_bus_factor_is_two_n_minus_one_over_n():
-    assert bus_factor(8) == 1.75 and bus_factor(16) == 1.875 and bus_factor(2) == 1.0
-
-
-def test_latency_is_the_slowest_rank_per_iteration_and_bandwidth_the_slowest_rank_mean():
-    per_rank = [{"rows": [{"bytes": 8, "times_s": [1.0, 5.0, 2.0], "wrong": 0}]},
-                {"rows": [{"bytes": 8, "times_s": [3.0, 1.0, 1.0], "wrong": 1}]}]
-    (row,) = table(per_rank)
-    assert (row["p50_s"], row["p95_s"]) == (3.0, 5.0)
-    assert row["time_avg_s"] == pytest.approx(8 / 3)
-    assert row["algbw_gb_per_s"] == pytest.approx(8 / (8 / 3) / 1e9)
-    assert row["wrong"] == 1
-
-
-@pytest.mark.parametrize("values, q, expected", [
-    ([5, 1, 3, 2, 4], 50, 3), ([5, 1, 3, 2, 4], 95, 5), (list(range(1, 101)), 95, 95),
-    ([7], 95, 7),
-])
-def test_percentile_is_nearest_rank(values, q, expected):
-    assert percentile(values, q) == expected
-
-
-def test_sweep_sizes_step_by_the_factor_and_stop_at_the_maximum():
-    assert sweep_sizes(8, 16 << 20, 4)[-1] == 8 << 20
-    assert sweep_sizes(8, 128, 2) == [8, 16, 32, 64, 128]
-    assert len(sweep_sizes(8, 2 ** 31, 4)) == 15
-
-
 # --- judgement ----------------------------------------------------------------------------------
 
 
-LIMITS = Limits(busbw_floor_gb_per_s=100.0, large_message_min_bytes=1 << 20,
-                small_message_max_bytes=1024, small_p95_latency_limit_s=1e-4, warning_band=0.05)
+LIMITS = SweepLimits(busbw_floor_gb_per_s=100.0, large_message_min_bytes=1 << 20,
+                     small_message_max_bytes=1024, small_p95_latency_limit_s=1e-4,
+                     warning_band=0.05)
 
 
 def row(size, busbw=200.0, p95=5e-5, wrong=0):

@@ -30,7 +30,7 @@ from gpu_monitor.fabric.idle import (
     is_ours,
     pod_gpu_request,
 )
-from gpu_monitor.fabric.probe import summarize
+from gpu_monitor.fabric.probe_result import summarize
 
 PROBE_PRIORITY = -1000
 FLOOR = 250.0

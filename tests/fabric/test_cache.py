@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from gpu_monitor.fabric.cache import ListWatchCache
-from gpu_monitor.fabric.scheduler import FabricScheduler, SchedulerSettings
+from gpu_monitor.fabric.scheduler import FabricScheduler
+from gpu_monitor.fabric.scheduler_settings import SchedulerSettings
 from tests.waiting import eventually
 
 RACK = "topology.kubernetes.io/rack"

@@ -55,7 +55,7 @@ def test_fabric_scheduler_refuses_unknown_settings(tmp_path, capsys):
 
 
 def test_fabric_scheduler_reads_a_settings_file(tmp_path):
-    from gpu_monitor.fabric.scheduler import settings_from_args
+    from gpu_monitor.fabric.scheduler_command import settings_from_args
 
     f = tmp_path / "s.yaml"
     f.write_text("group_size: 4\ntopology_labels: [x/rack]\nrdma_resources: {rdma/ib: 1}\n"

@@ -12,12 +12,8 @@ import yaml
 
 from gpu_monitor.fabric.idle import PRIORITY_CLASS
 from gpu_monitor.fabric.plan import render_probe_job
-from gpu_monitor.fabric.scheduler import (
-    DEFAULT_TEMPLATE,
-    RBAC_CLUSTER,
-    RBAC_NAMESPACED,
-    SchedulerSettings,
-)
+from gpu_monitor.fabric.scheduler import RBAC_CLUSTER, RBAC_NAMESPACED
+from gpu_monitor.fabric.scheduler_settings import DEFAULT_TEMPLATE, SchedulerSettings
 
 DIR = Path(__file__).resolve().parents[2] / "daemonset" / "fabric"
 

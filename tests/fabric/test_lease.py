@@ -9,7 +9,8 @@ import time
 
 from gpu_monitor.clock import FakeClock
 from gpu_monitor.fabric.lease import LeaderElector
-from gpu_monitor.fabric.scheduler import FabricScheduler, SchedulerSettings
+from gpu_monitor.fabric.scheduler import FabricScheduler
+from gpu_monitor.fabric.scheduler_settings import SchedulerSettings
 from tests.waiting import eventually
 
 

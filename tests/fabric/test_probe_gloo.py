@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from gpu_monitor.fabric.probe import CPU_MAX_BYTES, TEST_FAULT_ENV, parse_summary
+from gpu_monitor.fabric.probe_env import TEST_FAULT_ENV
+from gpu_monitor.fabric.probe_result import parse_summary
+from gpu_monitor.fabric.probe_settings import CPU_MAX_BYTES
 
 WORLD = 4
 REPO = Path(__file__).resolve().parents[2]

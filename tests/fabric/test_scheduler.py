@@ -12,7 +12,8 @@ from fake_cluster import FLOOR
 from gpu_monitor.clock import FakeClock
 from gpu_monitor.fabric.bisect import probe_bound
 from gpu_monitor.fabric.metrics import FabricCollector
-from gpu_monitor.fabric.scheduler import FabricScheduler, SchedulerSettings
+from gpu_monitor.fabric.scheduler import FabricScheduler
+from gpu_monitor.fabric.scheduler_settings import SchedulerSettings
 
 RACK = "topology.kubernetes.io/rack"
 
