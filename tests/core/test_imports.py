@@ -146,9 +146,8 @@ NOT_YET = {
     "gpu_monitor.remediate.bootstrap_gate", "gpu_monitor.remediate.breaker",
     "gpu_monitor.remediate.cli", "gpu_monitor.remediate.drain", "gpu_monitor.remediate.kube",
     "gpu_monitor.remediate.lifecycle", "gpu_monitor.remediate.reports",
-    "gpu_monitor.fabric.api", "gpu_monitor.fabric.cli", "gpu_monitor.fabric.idle",
-    "gpu_monitor.fabric.lease", "gpu_monitor.fabric.metrics", "gpu_monitor.fabric.plan",
-    "gpu_monitor.fabric.probe", "gpu_monitor.fabric.scheduler",
+    "gpu_monitor.fabric.api", "gpu_monitor.fabric.cli", "gpu_monitor.fabric.metrics",
+    "gpu_monitor.fabric.plan",
 }
 
 
