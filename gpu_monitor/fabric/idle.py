@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 GPU_RESOURCE = "nvidia.com/gpu"
 PREFIX = "gpu-monitor.io/"
-LABEL_STATE = PREFIX + "state"  # remediate.kube.LABEL_STATE (not imported: no kubernetes)
+LABEL_STATE = PREFIX + "state"  # remediate.k8s.node.LABEL_STATE
 LABEL_EXCLUDE = PREFIX + "exclude"
 DEFAULT_TAINT_KEY = PREFIX + "unhealthy"
 HEALTHY_STATES = frozenset({"", "healthy"})
@@ -500,7 +500,8 @@ def run_active_checks(checks: Sequence[str], node: str, *, deliver: str = "drop-
             from gpu_monitor.remediate.reports import GROUP, PLURAL, VERSION
 
             if kube is None:
-                from gpu_monitor.remediate.kube import Kube, load_api_client
+                from gpu_monitor.kube.client import Kube
+                from gpu_monitor.kube.config import load_api_client
 
                 kube = Kube(load_api_client())
             made = kube.create_custom(GROUP, VERSION, namespace, PLURAL, body)

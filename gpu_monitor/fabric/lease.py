@@ -65,7 +65,7 @@ class LeaderElector:
                 "leaseTransitions": transitions}
 
     def try_acquire_or_renew(self) -> bool:
-        from gpu_monitor.remediate.kube import KubeError
+        from gpu_monitor.kube.errors import KubeError
 
         now, mono = self.clock.now(), self.clock.monotonic()
         try:
@@ -116,7 +116,7 @@ class LeaderElector:
 
     def release(self) -> None:
         """Step down now, so another candidate need not wait a lease duration."""
-        from gpu_monitor.remediate.kube import KubeError
+        from gpu_monitor.kube.errors import KubeError
 
         if not self._leader:
             return

@@ -455,7 +455,7 @@ class FabricScheduler:
     def _launch(self, kind: str, nodes: Sequence[str], group: str, gpus: int, mono: float, *,
                 planned: PlannedProbe | None = None, bisection: str | None = None
                 ) -> InFlight | None:
-        from gpu_monitor.remediate.kube import KubeError
+        from gpu_monitor.kube.errors import KubeError
 
         probe_id = uuid.uuid4().hex[:10]
         job = render_probe_job(self.template, probe_id=probe_id, kind=kind, nodes=nodes,
@@ -473,7 +473,7 @@ class FabricScheduler:
 
     def _launch_active_checks(self, facts: Mapping[str, NodeFacts], free: set[str],
                               now: datetime, mono: float) -> None:
-        from gpu_monitor.remediate.kube import KubeError
+        from gpu_monitor.kube.errors import KubeError
 
         s = self.settings
         template_image = (((self.template.get("spec") or {}).get("template") or {}).get(
@@ -615,7 +615,7 @@ class FabricScheduler:
             self._report(node, b, now)
 
     def _report(self, node: str, b: ActiveBisection, now: datetime) -> None:
-        from gpu_monitor.remediate.kube import KubeError
+        from gpu_monitor.kube.errors import KubeError
         from gpu_monitor.remediate.reports import report_object
 
         rec = self.records.setdefault(node, {})
@@ -696,7 +696,7 @@ class FabricScheduler:
                     self.records[node] = {**rec, **self.records.get(node, {})}
 
     def _save_records(self) -> None:
-        from gpu_monitor.remediate.kube import KubeError
+        from gpu_monitor.kube.errors import KubeError
 
         s = self.settings
         body = {"apiVersion": "v1", "kind": "ConfigMap",
@@ -858,8 +858,9 @@ def own_image(api: FabricApi, environ: Mapping[str, str] | None = None) -> str |
 
 
 def cmd_fabric_scheduler(args: argparse.Namespace, api_factory: ApiFactory | None = None) -> int:
+    from gpu_monitor.kube.client import Kube
+    from gpu_monitor.kube.config import load_api_client
     from gpu_monitor.model import EXIT_USAGE
-    from gpu_monitor.remediate.kube import Kube, load_api_client
 
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -117,6 +117,13 @@ class EventQueue:
         with self._lock:
             return [dict(w.body) for w in self._waiting.values()]
 
+    def was_sent(self, key: tuple[str, str]) -> bool:
+        """Whether the Event ``key`` was accepted by the API server (in this process, within
+        the memo of recent sends): what a caller that must announce something once waits for,
+        since ``put`` only queues."""
+        with self._lock:
+            return key in self._sent_at
+
     @property
     def backing_off(self) -> bool:
         return self.clock.monotonic() < self._next_attempt

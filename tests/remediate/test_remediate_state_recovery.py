@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 from remediate_helpers import (
-    FakeApiServer,
     JumpClock,
     config,
     events_for,
+    fake_cluster,
     remediator,
-    seed_breaker,
 )
 
 from gpu_monitor.clock import FakeClock
@@ -22,13 +21,8 @@ NODE = "gpu-node-1"
 
 @pytest.fixture
 def fake():
-    server = FakeApiServer().start()
-    server.add_node(NODE, gpus=8)
-    seed_breaker(server)
-    try:
+    with fake_cluster(NODE) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def recovered_store(tmp_path):
@@ -69,21 +63,30 @@ def test_a_restarted_daemon_does_not_announce_it_again(fake, tmp_path):
     assert len(recovery_events(fake)) == 1
 
 
-def test_an_event_the_apiserver_refused_is_sent_later(fake, tmp_path):
+def test_an_event_the_apiserver_could_not_take_is_sent_later_and_marked_only_then(fake, tmp_path):
     _, store, _ = recovered_store(tmp_path)
     clock = JumpClock()
     r = remediator(fake, tmp_path / "host", store=store, clock=clock)
-    fake.inject("POST", r"/api/v1/namespaces/default/events", 403, times=1)
+    fake.inject("POST", r"/api/v1/namespaces/default/events", 503, times=1)
     r.tick()
-    r.tick()  # within the repeat window the client holds an identical Event back
-    assert recovery_events(fake) == [] and not recoveries(store)[0].announced
-    clock.advance(601)
+    assert recovery_events(fake) == [] and not recoveries(store)[0].announced  # only queued
+    clock.advance(31)  # past the Event queue's backoff
+    r.tick()
     r.tick()
     assert len(recovery_events(fake)) == 1 and recoveries(store)[0].announced
     store.close()
 
 
-def test_no_record_no_event(fake, tmp_path):
-    r = remediator(fake, tmp_path / "host")
-    r.tick()
-    assert recovery_events(fake) == []
+def test_an_event_queued_but_not_delivered_before_a_restart_is_sent_by_the_next_daemon(
+        fake, tmp_path):
+    path, store, _ = recovered_store(tmp_path)
+    fake.inject("POST", r"/api/v1/namespaces/default/events", 503, times=100)
+    remediator(fake, tmp_path / "host", store=store).tick()
+    assert recovery_events(fake) == [] and not recoveries(store)[0].announced
+    store.close()
+    fake.clear_faults()
+    with Store.open(path) as again:
+        r = remediator(fake, tmp_path / "host", store=again)
+        r.tick()
+        r.tick()
+        assert len(recovery_events(fake)) == 1 and recoveries(again)[0].announced
