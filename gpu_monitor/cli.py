@@ -35,11 +35,12 @@ from gpu_monitor.daemon import run_daemon, run_once
 from gpu_monitor.fabric.cli import register as register_fabric
 from gpu_monitor.host import Host
 from gpu_monitor.hw.paths import DEFAULT_STATE_DB, HostPaths
+from gpu_monitor.kube.config import kubeconfig_factory
+from gpu_monitor.kube.errors import KubeConfigError
 from gpu_monitor.model import EXIT_USAGE, Kind, UsageError
 from gpu_monitor.profiles import ProfileError, load_profile, match_profile
 from gpu_monitor.registry import all_check_classes
 from gpu_monitor.remediate.cli import register as register_remediation
-from gpu_monitor.remediate.kube import KubeConfigError, kubeconfig_factory
 from gpu_monitor.report_output import emit
 from gpu_monitor.runner import RunnerHooks, run_suite
 from gpu_monitor.sim.inject import KINDS, InjectError, help_text, parse

@@ -410,38 +410,37 @@ def build_registry(daemon: Daemon, store, check_classes, clock, extra=()):
 
 
 def _remediator(env, checks_for_retest, kube_factory=None):
-    """The node's remediator when remediation is enabled in the config (else None)."""
+    """The node's remediator when remediation is enabled in the config (else None): its
+    delivery on Kubernetes and its actuator on this host, built here and injected."""
+    from gpu_monitor.host_actuator import HostActuator
     from gpu_monitor.hw.paths import DEFAULT_REPORT_DIR
-    from gpu_monitor.remediate import Remediator
-    from gpu_monitor.remediate.lifecycle import suite_retest
+    from gpu_monitor.remediate.k8s.delivery import KubeDelivery
+    from gpu_monitor.remediate.recovery import suite_retest
+    from gpu_monitor.remediate.remediator import Remediator
 
     report_dir = env.config.daemon.report_dir
     if report_dir is None and env.sim is None:
         report_dir = DEFAULT_REPORT_DIR
-    return Remediator(
-        env.store, env.config, env.node, env.clock, kube_factory, env.host.runner,
-        paths=env.host.paths,
+    delivery = KubeDelivery.from_config(env.config, env.node, env.clock, kube_factory,
+                                        namespace=os.environ.get("POD_NAMESPACE", "gpu-monitor"))
+    actuator = HostActuator(env.host.paths, env.host.runner,
+                            reboot_sentinel=env.config.remediation.reboot_sentinel)
+    return Remediator.from_config(
+        env.store, env.config, env.node, delivery, actuator, clock=env.clock,
         retest=suite_retest(checks_for_retest, env.context(force=True)),
-        namespace=os.environ.get("POD_NAMESPACE", "gpu-monitor"),
         report_dir=report_dir, watch_reports=True,
     )
 
 
-def _node_client_factory(env, remediator, kube_factory=None):
+def _node_delivery(env, remediator, kube_factory=None):
+    """What the bootstrap gate publishes through: the remediator's node delivery, else one of
+    its own, made once (its Event queue outlives a failed send)."""
     if remediator is not None:
-        return lambda: remediator.node
+        return lambda: remediator.delivery
+    from gpu_monitor.remediate.k8s.delivery import KubeDelivery
 
-    made = []  # one NodeClient: its Event queue outlives a failed send
-
-    def make():
-        from gpu_monitor.remediate.kube import Kube, NodeClient, load_api_client
-
-        if not made:
-            api = kube_factory() if kube_factory is not None else load_api_client()
-            made.append(NodeClient(Kube(api, env.clock), env.node))
-        return made[0]
-
-    return make
+    delivery = KubeDelivery(kube_factory, env.node, env.clock)
+    return lambda: delivery
 
 
 def active_runtime_missing(env) -> str:
@@ -452,7 +451,7 @@ def active_runtime_missing(env) -> str:
     return gap.message if gap is not None and gap.missing else ""
 
 
-def make_bootstrap_gate(env, node_client):
+def make_bootstrap_gate(env, delivery):
     """The provisioning gate over this node's bootstrap suite: every bootstrap check in suite
     order, run as a bootstrap (required checks cannot be skipped for a missing tool; checks the
     config disables are reported), and never lifting the taint from an image without the
@@ -464,7 +463,7 @@ def make_bootstrap_gate(env, node_client):
                               disabled=disabled)
         return report
 
-    return BootstrapGate(env.store, suite, env.clock, node_client=node_client,
+    return BootstrapGate(env.store, suite, env.clock, delivery=delivery,
                          dry_run=env.config.remediation.dry_run,
                          retry_s=env.config.daemon.bootstrap_retry_s,
                          active_runtime=lambda: active_runtime_missing(env))
@@ -475,7 +474,7 @@ def _bootstrap_gate_thread(env, daemon: Daemon, remediator,
     """Runs the bootstrap suite in the background until the node has a recorded pass."""
     if not env.config.daemon.bootstrap_on_start:
         return None
-    gate = make_bootstrap_gate(env, _node_client_factory(env, remediator, kube_factory))
+    gate = make_bootstrap_gate(env, _node_delivery(env, remediator, kube_factory))
 
     def loop() -> None:
         while not daemon.stop_event.is_set():

@@ -1,8 +1,9 @@
 """The fabric scheduler's Kubernetes calls: nodes, pods, Jobs, its Lease, record and reports.
 
-Why apart: the one place the scheduler talks to the API server (through ``remediate.kube.Kube``,
-with its retries, rate limits and error mapping), so the scheduler's logic can be read, and its
-RBAC (``scheduler.RBAC_*``) checked, against a short list of calls.
+Why apart: the one place the scheduler talks to the API server (through the shared client,
+``gpu_monitor.kube.client.Kube``, with its retries, rate limits and error mapping), so the
+scheduler's logic can be read, and its RBAC (``scheduler.RBAC_*``) checked, against a short
+list of calls. It never imports ``kubernetes`` itself.
 """
 
 from __future__ import annotations
@@ -18,16 +19,14 @@ ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 
 
 class FabricApi:
-    """The few endpoints the scheduler uses, through ``remediate.kube.Kube`` (raw JSON,
-    retries, rate-limited writes, ``KubeError``)."""
+    """The few endpoints the scheduler uses, through ``gpu_monitor.kube.client.Kube`` (raw
+    JSON, retries, rate-limited writes, ``KubeError``)."""
 
     def __init__(self, kube: Any):
-        from kubernetes import client
-
         self.kube = kube
         self.core = kube.core
-        self.batch = client.BatchV1Api(kube.api_client)
-        self.coord = client.CoordinationV1Api(kube.api_client)
+        self.batch = kube.batch
+        self.coord = kube.coordination
 
     def _items(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> list[dict]:
         return self.kube.list_pages(fn, *args, **kw)[0]
@@ -101,18 +100,15 @@ class FabricApi:
               on_event: Callable[[], None], timeout_s: int = 300) -> None:
         """Call ``on_event`` on every change to our Jobs or pods until ``stop`` (restarting
         the stream as needed). The loop re-lists; the watch only makes it prompt."""
-        from kubernetes import watch
-
         fn = self.batch.list_namespaced_job if kind == "jobs" else self.core.list_namespaced_pod
         while not stop.is_set():
-            w = watch.Watch()
+            handles: list[Any] = []
             try:
-                for _ in w.stream(fn, namespace, label_selector=selector,
-                                  timeout_seconds=timeout_s,
-                                  _request_timeout=(5.0, timeout_s + 30)):
+                for _ in self.kube.watch(fn, namespace, label_selector=selector,
+                                         timeout_s=timeout_s, started=handles.append):
                     on_event()
                     if stop.is_set():
-                        w.stop()
+                        handles[-1].stop()
                         return
             except Exception as exc:  # noqa: BLE001 - the watch must survive anything
                 log.debug("watch of %s ended: %s", kind, exc)

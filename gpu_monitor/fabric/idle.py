@@ -38,15 +38,16 @@ from typing import Any
 
 from gpu_monitor.fabric import termination
 from gpu_monitor.hw.paths import DEFAULT_REPORT_DIR
+from gpu_monitor.kube.client import Kube
+from gpu_monitor.kube.config import load_api_client
 from gpu_monitor.model import ACTION_SEVERITY, EXIT_UNKNOWN, EXIT_USAGE, iso, utcnow
-from gpu_monitor.remediate.kube import Kube, load_api_client
 from gpu_monitor.remediate.reports import GROUP, PLURAL, VERSION, report_object
 
 log = logging.getLogger(__name__)
 
 GPU_RESOURCE = "nvidia.com/gpu"
 PREFIX = "gpu-monitor.io/"
-LABEL_STATE = PREFIX + "state"  # remediate.kube.LABEL_STATE (not imported: no kubernetes)
+LABEL_STATE = PREFIX + "state"  # remediate.k8s.node.LABEL_STATE (not imported: no kubernetes)
 LABEL_EXCLUDE = PREFIX + "exclude"
 DEFAULT_TAINT_KEY = PREFIX + "unhealthy"
 HEALTHY_STATES = frozenset({"", "healthy"})

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from gpu_monitor.clock import Clock
-from gpu_monitor.remediate.kube import KubeError
+from gpu_monitor.kube.errors import KubeError
 
 if TYPE_CHECKING:
     from gpu_monitor.fabric.api import FabricApi

@@ -75,8 +75,8 @@ from gpu_monitor.fabric.plan import (
 )
 from gpu_monitor.fabric.records import NodeRecords
 from gpu_monitor.fabric.scheduler_settings import SchedulerSettings
+from gpu_monitor.kube.errors import KubeError
 from gpu_monitor.model import parse_iso
-from gpu_monitor.remediate.kube import KubeError
 from gpu_monitor.remediate.reports import report_object
 
 log = logging.getLogger(__name__)

@@ -28,8 +28,9 @@ from gpu_monitor.fabric.scheduler_settings import (
     SchedulerSettings,
     settings_from_mapping,
 )
+from gpu_monitor.kube.client import Kube
+from gpu_monitor.kube.config import load_api_client
 from gpu_monitor.model import EXIT_USAGE
-from gpu_monitor.remediate.kube import Kube, load_api_client
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,9 @@ Contract:
    ``GpuMonitorBootstrapFailed=True`` with the failing reasons, plus an Event; it is retried after
    ``daemon.bootstrap_retry_s``.
 3. In dry-run nothing is written to the node: the decision is logged and evented only.
-4. With no Kubernetes API (a laptop, ``--simulate``) the suite still runs and its verdict is
-   recorded; the taint part is skipped.
+4. With no node delivery (a laptop, ``--simulate``, no API server) the suite still runs and its
+   verdict is recorded; the taint part is skipped. The node is reached only through the
+   remediator's node delivery (delivery.py): ``delivery()`` returns it.
 5. Only an image that can run the active checks lifts the taint. ``active_runtime`` says what
    this image lacks for them ("" when nothing: the daemon asks the host's requirement gate for
    torch, see daemon.py); while it names something -- the passive image has no torch -- no pass
@@ -28,10 +29,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from gpu_monitor.model import Report, Status, Verdict, iso
+from gpu_monitor.remediate.policy import ConditionWant
 
 log = logging.getLogger(__name__)
 
@@ -42,22 +43,14 @@ KV_PASSED = "passed"
 KV_LAST = "last"
 
 
-@dataclass(frozen=True)
-class _Cond:
-    type: str
-    status: str
-    reason: str
-    message: str
-
-
 class BootstrapGate:
     def __init__(self, store, run_suite: Callable[[], Report], clock,
-                 node_client: Callable[[], Any] | None = None, dry_run: bool = True,
+                 delivery: Callable[[], Any] | None = None, dry_run: bool = True,
                  retry_s: float = 600.0, active_runtime: Callable[[], str] | None = None):
         self.store = store
         self.run_suite = run_suite
         self.clock = clock
-        self.node_client = node_client
+        self.delivery = delivery
         self.dry_run = dry_run
         self.retry_s = retry_s
         self.active_runtime = active_runtime
@@ -115,64 +108,55 @@ class BootstrapGate:
         if verdict is Verdict.HEALTHY:
             self.store.set_kv(KV_NAMESPACE, KV_PASSED, iso(now))
             log.info("bootstrap suite passed (%d results)", len(report.results))
-            self._publish(_Cond(CONDITION, "False", "BootstrapPassed",
-                                "the bootstrap suite passed"), "BootstrapPassed",
-                          "gpu-monitor bootstrap suite passed", "Normal")
+            self._publish(ConditionWant(CONDITION, "False", "BootstrapPassed",
+                                        "the bootstrap suite passed"), "BootstrapPassed",
+                          "gpu-monitor bootstrap suite passed", warning=False)
             self._release_taint()
             return "passed"
         reason = "BootstrapFailed" if verdict is Verdict.UNHEALTHY else "BootstrapUndecided"
         message = (f"bootstrap suite verdict {verdict.value}: {summary or 'no detail'}; "
                    f"the {BOOTSTRAP_TAINT} taint stays; retry in {self.retry_s:g} s")
         log.warning("%s", message)
-        self._publish(_Cond(CONDITION, "True", reason, message[:1000]), reason, message,
-                      "Warning")
+        self._publish(ConditionWant(CONDITION, "True", reason, message[:1000]), reason, message,
+                      warning=True)
         return "failed" if verdict is Verdict.UNHEALTHY else "unknown"
 
     # --- the node -----------------------------------------------------------------------------
 
-    def _client(self):
-        if self.node_client is None:
+    def _node(self) -> Any:
+        if self.delivery is None:
             return None
         try:
-            return self.node_client()
+            return self.delivery()
         except Exception as exc:  # noqa: BLE001 - no API: record locally, touch nothing
-            log.info("no Kubernetes API for the bootstrap gate: %s", exc)
+            log.info("no node delivery for the bootstrap gate: %s", exc)
             return None
 
-    def _publish(self, cond: _Cond, reason: str, message: str, type_: str) -> None:
-        node = self._client()
+    def _publish(self, cond: ConditionWant, reason: str, message: str, warning: bool) -> None:
+        node = self._node()
         if node is None:
             return
         try:
-            node.event(reason, message, type=type_)
+            node.event(reason, message, warning=warning)
             if self.dry_run:
                 log.info("dry-run: would set condition %s=%s (%s)", cond.type, cond.status,
                          cond.reason)
                 return
-            node.sync_conditions([cond], self.clock.now(), force=True)
+            node.publish_conditions([cond], self.clock.now(), force=True)
         except Exception as exc:  # noqa: BLE001 - retried on the next step
             log.warning("could not publish the bootstrap verdict: %s", exc)
 
     def _release_taint(self) -> None:
-        node = self._client()
+        node = self._node()
         if node is None:
             return
         try:
-            view = node.read()
-            if view.taint(BOOTSTRAP_TAINT) is None:
+            if not node.bootstrap_held():
                 return
             if self.dry_run:
                 log.info("dry-run: would remove the %s taint", BOOTSTRAP_TAINT)
                 return
-
-            def build(v) -> list[dict]:
-                i = v.taint_index(BOOTSTRAP_TAINT)
-                if i is None:
-                    return []
-                return [{"op": "test", "path": f"/spec/taints/{i}", "value": v.taints[i]},
-                        {"op": "remove", "path": f"/spec/taints/{i}"}]
-
-            node._guarded(build, view)
+            node.lift_bootstrap_hold()
             log.info("removed the %s taint: the node is open for workloads", BOOTSTRAP_TAINT)
         except Exception as exc:  # noqa: BLE001 - retried on the next step
             log.warning("could not remove the %s taint: %s", BOOTSTRAP_TAINT, exc)

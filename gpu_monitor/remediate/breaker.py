@@ -1,58 +1,47 @@
 """The fleet circuit breaker: how many nodes may be quarantined at once, shared by every daemon.
 
 Why: a false positive that is common to the fleet (a driver bug, a bad rule, a flaky fabric
-switch) must not cordon the fleet - the failure draino's users report. So a quarantine needs a
-slot, and the slots live in one pre-created ConfigMap (``gpu-monitor-breaker`` in the
-gpu-monitor namespace, which RBAC can restrict by name), changed only by compare-and-swap.
+switch) must not take the fleet out of service - the failure draino's users report. So a
+quarantine needs a slot in a budget every daemon shares, and the lifecycle asks for one before
+its first cordon (or drain). This module holds what every backend's breaker answers in
+(``BreakerStatus``, ``Claim``), the budget arithmetic, and the interface (``FleetBreaker``);
+remediate/k8s/breaker.py keeps the slots in a ConfigMap changed only by compare-and-swap.
 
-Guarantees:
+What a breaker guarantees, whatever it is built on:
 
 1. **At most ``budget`` slots are ever held**: ``budget = min(ceil(budget_fraction x GPU
-   nodes), max_nodes)``, GPU nodes counted (label ``nvidia.com/gpu.present=true``, a
-   metadata-only list) when the slot is claimed. Every change is a PUT carrying the
-   resourceVersion that was read; a 409 means another daemon won: re-read and decide again.
-2. **No slot, no cordon, and the breaker trips**: the denied claim writes ``state: tripped``
-   (who, when, why). While tripped every new claim is denied; holders keep their slots and may
-   release them. Only ``gpu-monitor breaker reset`` closes it, and a storm cooldown
-   (``cooldown_s``) then still denies new claims, so a fleet-wide cause that is being fixed
-   does not immediately refill the budget.
-3. ``paused`` (``breaker pause``/``resume``) denies new claims without tripping.
+   nodes), max_nodes)`` (``budget_for``), the GPU nodes counted when a slot is claimed.
+2. **No slot, no quarantine, and the breaker trips**: a denied claim records who, when and why;
+   while tripped every new claim is denied; holders keep their slots and may release them.
+   Only an operator closes it (``gpu-monitor breaker reset``), and a storm cooldown then still
+   denies new claims, so a fleet-wide cause that is being fixed does not refill the budget.
+3. ``paused`` denies new claims without tripping.
 4. Slots are released on return to service or once the node is labelled for replacement
-   (counted in ``replacements``); a slot not renewed within ``ttl_s`` (its holder vanished)
-   is dropped by the next writer.
-5. A missing or unreadable ConfigMap denies (fails closed).
-
-Data keys (strings, as ConfigMap data must be): ``state`` (closed|tripped), ``paused``
-("true"/"false"), ``slots`` (JSON: node -> {since, renewed, reason}), ``trippedAt``,
-``trippedBy``, ``trippedReason``, ``resetAt``, ``replacements``.
+   (counted in ``replacements``); a slot not renewed within its ttl (its holder vanished) is
+   dropped by the next writer.
+5. A missing or unreadable breaker denies (fails closed).
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import math
-import random
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
-from gpu_monitor.clock import Clock
-from gpu_monitor.model import iso, parse_iso
-
-log = logging.getLogger(__name__)
+from gpu_monitor.model import parse_iso
 
 __all__ = [
-    "BREAKER_CONFIGMAP",
-    "Breaker",
-    "BreakerSettings",
+    "CLOSED",
+    "TRIPPED",
     "BreakerStatus",
     "Claim",
+    "FleetBreaker",
+    "Slot",
     "budget_for",
 ]
 
-BREAKER_CONFIGMAP = "gpu-monitor-breaker"
 CLOSED = "closed"
 TRIPPED = "tripped"
 
@@ -62,22 +51,6 @@ def budget_for(gpu_nodes: int, fraction: float, max_nodes: int) -> int:
     where no node carries the GPU label still counts the claiming node itself."""
     return max(0, min(math.ceil(max(1, gpu_nodes) * fraction - 1e-9), max_nodes))
 
-
-@dataclass(frozen=True)
-class BreakerSettings:
-    budget_fraction: float = 0.10
-    max_nodes: int = 20
-    cooldown_s: float = 600.0
-    ttl_s: float = 3600.0
-    namespace: str = "gpu-monitor"
-    name: str = BREAKER_CONFIGMAP
-    cas_attempts: int = 200
-
-    @classmethod
-    def from_config(cls, breaker: Any, namespace: str = "gpu-monitor") -> BreakerSettings:
-        return cls(budget_fraction=float(breaker.budget_fraction), max_nodes=int(breaker.max_nodes),
-                   cooldown_s=float(breaker.cooldown_s), ttl_s=float(breaker.ttl_s),
-                   namespace=namespace)
 
 
 @dataclass(frozen=True)
@@ -89,7 +62,7 @@ class Slot:
 
 @dataclass(frozen=True)
 class BreakerStatus:
-    """A snapshot of the ConfigMap (``exists`` False: it is missing)."""
+    """A snapshot of the fleet's breaker (``exists`` False: it is missing)."""
 
     exists: bool = True
     state: str = CLOSED
@@ -146,52 +119,6 @@ class BreakerStatus:
                    budget=d.get("budget"), gpu_nodes=d.get("gpuNodes"))
 
 
-def _parse(cm: Mapping[str, Any] | None) -> BreakerStatus:
-    if cm is None:
-        return BreakerStatus(exists=False)
-    data = cm.get("data") or {}
-    try:
-        raw = json.loads(data.get("slots") or "{}")
-    except ValueError:
-        log.error("breaker ConfigMap: unreadable slots %r; treating as full", data.get("slots"))
-        raw = None
-    slots: dict[str, Slot] = {}
-    if isinstance(raw, dict):
-        for node, s in raw.items():
-            if isinstance(s, Mapping):
-                slots[str(node)] = Slot(str(s.get("since", "")), str(s.get("renewed", "")),
-                                        str(s.get("reason", "")))
-    state = str(data.get("state") or CLOSED).lower()
-    if raw is None:
-        state = TRIPPED
-    try:
-        replacements = int(data.get("replacements") or 0)
-    except ValueError:
-        replacements = 0
-    return BreakerStatus(exists=True, state=TRIPPED if state == TRIPPED else CLOSED,
-                         paused=str(data.get("paused", "")).lower() == "true", slots=slots,
-                         tripped_at=str(data.get("trippedAt") or ""),
-                         tripped_by=str(data.get("trippedBy") or ""),
-                         tripped_reason=str(data.get("trippedReason") or ""),
-                         reset_at=str(data.get("resetAt") or ""), replacements=replacements)
-
-
-def _render(cm: Mapping[str, Any], st: BreakerStatus) -> dict[str, Any]:
-    body = {k: v for k, v in cm.items() if k not in ("data",)}
-    body["data"] = {
-        **(cm.get("data") or {}),
-        "state": st.state,
-        "paused": "true" if st.paused else "false",
-        "slots": json.dumps({n: {"since": s.since, "renewed": s.renewed, "reason": s.reason}
-                             for n, s in sorted(st.slots.items())}, sort_keys=True),
-        "trippedAt": st.tripped_at,
-        "trippedBy": st.tripped_by,
-        "trippedReason": st.tripped_reason,
-        "resetAt": st.reset_at,
-        "replacements": str(st.replacements),
-    }
-    return body
-
 
 @dataclass(frozen=True)
 class Claim:
@@ -216,181 +143,29 @@ class Claim:
         }.get(self.why, f"breaker claim failed: {self.why}")
 
 
-class Breaker:
-    """Claims, renews and releases this node's slot; the CLI's status/pause/resume/reset."""
 
-    def __init__(self, kube: Any, settings: BreakerSettings, clock: Clock | None = None,
-                 rng: random.Random | None = None):
-        self.kube = kube
-        self.settings = settings
-        self.clock = clock or Clock()
-        self.rng = rng or random.Random()
-        self.last: BreakerStatus | None = None
+class FleetBreaker(Protocol):
+    """What the lifecycle asks of the fleet's breaker (remediate/k8s/breaker.py is one)."""
 
-    def read(self) -> tuple[dict[str, Any] | None, BreakerStatus]:
-        cm = self.kube.get_configmap(self.settings.namespace, self.settings.name)
-        st = _parse(cm)
-        self.last = st if self.last is None else _with_counts(st, self.last)
-        return cm, st
-
-    def status(self) -> BreakerStatus:
-        return self.read()[1]
-
-    def _update(self, change: Callable[[BreakerStatus, datetime], BreakerStatus | None]
-                ) -> tuple[BreakerStatus, bool]:
-        """Read-modify-write until the write wins (409: someone else wrote first).
-        ``change`` returns the new status, or None to leave the ConfigMap alone."""
-        from gpu_monitor.remediate.kube import KubeError
-
-        for _ in range(self.settings.cas_attempts):
-            cm, st = self.read()
-            now = self.clock.now()
-            new = change(st, now)
-            if new is None or cm is None:
-                return st, False
-            try:
-                self.kube.replace_configmap(self.settings.namespace, self.settings.name,
-                                            _render(cm, new))
-            except KubeError as err:
-                if err.status == 409:
-                    self.clock.sleep(self.rng.uniform(0.005, 0.05))
-                    continue
-                raise
-            self.last = _with_counts(new, self.last)
-            return new, True
-        raise KubeError(409, "Conflict", f"breaker ConfigMap kept changing; gave up after "
-                                         f"{self.settings.cas_attempts} attempts")
-
-    # --- the daemon's side --------------------------------------------------------------------
+    #: the status as of the last read or write (saved in the store for the metrics)
+    last: BreakerStatus | None
 
     def claim(self, node: str, reason: str = "") -> Claim:
         """A slot for ``node`` (already holding one is a grant)."""
-        gpu_nodes: list[int] = []
-        outcome: dict[str, Any] = {"why": "", "tripped_now": False}
-
-        def change(st: BreakerStatus, now: datetime) -> BreakerStatus | None:
-            outcome["tripped_now"] = False  # decided afresh on every compare-and-swap round
-            live = st.live_slots(now, self.settings.ttl_s)
-            if node in st.slots:
-                outcome["why"] = "held"
-                slots = {**live, node: Slot(st.slots[node].since, iso(now),
-                                            reason or st.slots[node].reason)}
-                return _replace(st, slots=slots)
-            if st.paused:
-                outcome["why"] = "paused"
-                return None
-            if st.state == TRIPPED:
-                outcome["why"] = "tripped"
-                return None
-            until = st.cooling_until(self.settings.cooldown_s)
-            if until is not None and now < until:
-                outcome["why"] = "cooldown"
-                return None
-            if not gpu_nodes:  # counted once per claim, not per compare-and-swap round
-                gpu_nodes.append(self.kube.count_gpu_nodes())
-            budget = budget_for(gpu_nodes[0], self.settings.budget_fraction,
-                                self.settings.max_nodes)
-            if len(live) >= budget:
-                outcome["why"] = "tripped"
-                outcome["tripped_now"] = True
-                return _replace(st, slots=live, state=TRIPPED, tripped_at=iso(now),
-                                tripped_by=node,
-                                tripped_reason=f"no free slot: {len(live)}/{budget} in use "
-                                               f"({gpu_nodes[0]} GPU nodes); {node} wanted one "
-                                               f"for {reason or 'a quarantine'}")
-            outcome["why"] = "claimed"
-            return _replace(st, slots={**live, node: Slot(iso(now), iso(now), reason)})
-
-        from gpu_monitor.remediate.kube import KubeError
-
-        try:
-            st, _written = self._update(change)
-        except KubeError as err:
-            log.error("breaker claim for %s failed: %s", node, err)
-            return Claim(False, "error", self.last or BreakerStatus(exists=False))
-        if not st.exists:
-            return Claim(False, "missing", st)
-        if gpu_nodes:
-            budget = budget_for(gpu_nodes[0], self.settings.budget_fraction,
-                                self.settings.max_nodes)
-            st = _replace(st, budget=budget, gpu_nodes=gpu_nodes[0])
-            self.last = st
-        granted = outcome["why"] in ("claimed", "held")
-        return Claim(granted, outcome["why"], st, outcome["tripped_now"])
+        ...
 
     def would_allow(self, node: str) -> Claim:
-        """A read-only claim (dry-run): what ``claim`` would answer now, writing nothing."""
-        _cm, st = self.read()
-        now = self.clock.now()
-        if not st.exists:
-            return Claim(False, "missing", st)
-        if node in st.slots:
-            return Claim(True, "held", st)
-        if st.paused:
-            return Claim(False, "paused", st)
-        if st.state == TRIPPED:
-            return Claim(False, "tripped", st)
-        until = st.cooling_until(self.settings.cooldown_s)
-        if until is not None and now < until:
-            return Claim(False, "cooldown", st)
-        total = self.kube.count_gpu_nodes()
-        budget = budget_for(total, self.settings.budget_fraction, self.settings.max_nodes)
-        st = _replace(st, budget=budget, gpu_nodes=total)
-        live = st.live_slots(now, self.settings.ttl_s)
-        return Claim(len(live) < budget, "claimed" if len(live) < budget else "tripped", st)
+        """What ``claim`` would answer now, writing nothing (dry-run)."""
+        ...
 
     def renew(self, node: str) -> bool:
-        """Refresh this node's slot so it does not expire; False when it holds none."""
-        held = {"ok": False}
-
-        def change(st: BreakerStatus, now: datetime) -> BreakerStatus | None:
-            if node not in st.slots:
-                return None
-            held["ok"] = True
-            s = st.slots[node]
-            return _replace(st, slots={**st.slots, node: Slot(s.since, iso(now), s.reason)})
-
-        self._update(change)
-        return held["ok"]
+        """Refresh the node's slot so it does not expire; False when it holds none."""
+        ...
 
     def release(self, node: str, *, replaced: bool = False) -> bool:
         """Give the slot back (return to service, or labelled for replacement)."""
-        done = {"ok": False}
+        ...
 
-        def change(st: BreakerStatus, now: datetime) -> BreakerStatus | None:
-            if node not in st.slots and not replaced:
-                return None
-            done["ok"] = node in st.slots
-            slots = {n: s for n, s in st.slots.items() if n != node}
-            return _replace(st, slots=slots,
-                            replacements=st.replacements + (1 if replaced else 0))
-
-        self._update(change)
-        return done["ok"]
-
-    # --- the operator's side ------------------------------------------------------------------
-
-    def pause(self, paused: bool = True) -> BreakerStatus:
-        return self._update(lambda st, now: _replace(st, paused=paused)
-                            if st.paused != paused else None)[0]
-
-    def reset(self) -> BreakerStatus:
-        """Close a tripped breaker; the storm cooldown starts now. Expired slots are dropped."""
-        def change(st: BreakerStatus, now: datetime) -> BreakerStatus:
-            return _replace(st, state=CLOSED, tripped_at="", tripped_by="", tripped_reason="",
-                            reset_at=iso(now), slots=st.live_slots(now, self.settings.ttl_s))
-
-        return self._update(change)[0]
-
-
-def _replace(st: BreakerStatus, **kw: Any) -> BreakerStatus:
-    from dataclasses import replace
-
-    return replace(st, **kw)
-
-
-def _with_counts(st: BreakerStatus, prev: BreakerStatus | None) -> BreakerStatus:
-    """Keep the last known budget/GPU count on a freshly read status (the ConfigMap has none)."""
-    if prev is None or st.budget is not None:
-        return st
-    return _replace(st, budget=prev.budget, gpu_nodes=prev.gpu_nodes)
+    def status(self) -> BreakerStatus:
+        """Read the breaker now."""
+        ...

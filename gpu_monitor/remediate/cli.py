@@ -83,7 +83,8 @@ def _config(args: argparse.Namespace) -> Any:
 
 
 def _kube(args: argparse.Namespace, api_factory: ApiFactory | None) -> Any:
-    from gpu_monitor.remediate.kube import Kube, load_api_client
+    from gpu_monitor.kube.client import Kube
+    from gpu_monitor.kube.config import load_api_client
 
     api = api_factory(args) if api_factory else load_api_client(
         getattr(args, "kubeconfig", None), getattr(args, "context", None))
@@ -121,15 +122,16 @@ def _fail(message: str, code: int = 1) -> int:
 
 
 def cmd_breaker(args: argparse.Namespace, api_factory: ApiFactory | None = None) -> int:
-    from gpu_monitor.remediate.breaker import Breaker, BreakerSettings, budget_for
-    from gpu_monitor.remediate.kube import KubeError
+    from gpu_monitor.kube.errors import KubeError
+    from gpu_monitor.remediate.breaker import budget_for
+    from gpu_monitor.remediate.k8s.breaker import BreakerSettings, ConfigMapBreaker
 
     ready = _setup(args, api_factory)
     if isinstance(ready, int):
         return ready
     config, kube = ready
     settings = BreakerSettings.from_config(config.remediation.breaker, args.namespace)
-    breaker = Breaker(kube, settings)
+    breaker = ConfigMapBreaker(kube, settings)
     action = args.breaker_command
     try:
         if action == "pause":
@@ -172,7 +174,7 @@ def cmd_breaker(args: argparse.Namespace, api_factory: ApiFactory | None = None)
 
 
 def _node_summary(obj: dict, taint_key: str) -> dict[str, Any]:
-    from gpu_monitor.remediate.kube import ANNOTATIONS, LABEL_REPLACE, LABEL_STATE, NodeView
+    from gpu_monitor.remediate.k8s.node import ANNOTATIONS, LABEL_REPLACE, LABEL_STATE, NodeView
     from gpu_monitor.remediate.policy import PROBLEM_CLASSES
 
     view = NodeView.of(obj)
@@ -207,7 +209,8 @@ def _render_node(s: dict[str, Any]) -> str:
 
 
 def cmd_quarantine(args: argparse.Namespace, api_factory: ApiFactory | None = None) -> int:
-    from gpu_monitor.remediate.kube import ANNOTATIONS, LABEL_STATE, KubeError
+    from gpu_monitor.kube.errors import KubeError
+    from gpu_monitor.remediate.k8s.node import ANNOTATIONS, LABEL_STATE
 
     ready = _setup(args, api_factory)
     if isinstance(ready, int):

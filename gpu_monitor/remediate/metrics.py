@@ -14,13 +14,12 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from gpu_monitor.metrics import MetricDoc
+from gpu_monitor.remediate.record import KV_BREAKER, KV_NAMESPACE
 from gpu_monitor.remediate.reports import REPORT_ACTIONS
 from gpu_monitor.state import NODE_STATES
 
 __all__ = ["METRICS", "REMEDIATION_METRICS", "remediation_collector"]
 
-KV_NAMESPACE = "remediation"  # lifecycle.KV_NAMESPACE (not imported: keeps this module light)
-KV_BREAKER = "breaker"
 
 REMEDIATION_METRICS: tuple[MetricDoc, ...] = (
     MetricDoc("gpu_monitor_node_state", "gauge", ("state",),

@@ -21,6 +21,9 @@ Guarantees:
 
 The vocabulary: ``Op`` (event, cordon, drain, reset_gpu, reboot, replace), ordered by severity;
 every op from ``cordon`` up quarantines the node (cordon + taint), from ``drain`` up also drains.
+A result's own suggestion maps onto it in the order of ``model.ACTION_SEVERITY`` (a more severe
+action never asks for a lesser op). A ``Trigger`` is a result that drives an op (the check's
+``Finding`` is what a check found; this is what the policy does about it).
 """
 
 from __future__ import annotations
@@ -50,11 +53,11 @@ __all__ = [
     "REPORT_CHECK",
     "ConditionWant",
     "Decision",
-    "Finding",
     "Op",
     "PolicySettings",
     "PolicyState",
     "Signal",
+    "Trigger",
     "condition_type",
     "decide",
     "gpu_indices",
@@ -64,7 +67,8 @@ __all__ = [
 
 
 class Op(str, Enum):
-    """A node operation, in increasing severity."""
+    """A node operation, in increasing severity: the declaration order is the one severity
+    order of remediation (``severity``); nothing else spells it."""
 
     EVENT = "event"  # an Event and a log line; nothing on the node changes
     CORDON = "cordon"  # quarantine: cordon + taint
@@ -89,8 +93,7 @@ class Op(str, Enum):
         return self.severity >= _OP_SEVERITY[Op.DRAIN]
 
 
-_OP_SEVERITY = {Op.EVENT: 1, Op.CORDON: 2, Op.DRAIN: 3, Op.RESET_GPU: 4, Op.REBOOT: 5,
-                Op.REPLACE: 6}
+_OP_SEVERITY = {op: rank for rank, op in enumerate(Op, start=1)}
 
 IGNORE = "ignore"
 EXCLUDE_LABEL = "gpu-monitor.io/exclude"
@@ -273,7 +276,7 @@ def observe(state: PolicyState, results: Iterable[Result]) -> PolicyState:
 
 
 @dataclass(frozen=True)
-class Finding:
+class Trigger:
     """A result that drives (or will drive, past hysteresis) an operation."""
 
     result: Result
@@ -299,7 +302,7 @@ class ConditionWant:
 class Decision:
     op: Op | None  # the strongest operation wanted now (None: nothing to do)
     reason: str  # the most severe finding's reason ("" when none): the taint value
-    findings: tuple[Finding, ...] = ()  # most severe first
+    triggers: tuple[Trigger, ...] = ()  # most severe first
     suppressed: tuple[tuple[Result, str], ...] = ()  # (result, why it does not count)
     conditions: tuple[ConditionWant, ...] = ()
     excluded: bool = False
@@ -309,39 +312,40 @@ class Decision:
         return self.op is not None and self.op.quarantines
 
     @property
-    def pending(self) -> tuple[Finding, ...]:
-        return tuple(f for f in self.findings if f.pending)
+    def pending(self) -> tuple[Trigger, ...]:
+        return tuple(t for t in self.triggers if t.pending)
 
     @property
     def clear(self) -> bool:
         """Nothing wants more than an event: a quarantined node may return to service."""
         return self.op is None or not self.op.quarantines and not any(
-            f.wanted.quarantines for f in self.findings)
+            t.wanted.quarantines for t in self.triggers)
 
-    def triggers(self, at_least: Op) -> tuple[Finding, ...]:
-        return tuple(f for f in self.findings if f.op.severity >= at_least.severity)
+    def at_least(self, op: Op) -> tuple[Trigger, ...]:
+        """The triggers that drive ``op`` or a more severe one now."""
+        return tuple(t for t in self.triggers if t.op.severity >= op.severity)
 
 
-def _finding_key(f: Finding) -> tuple:
+def _trigger_key(f: Trigger) -> tuple:
     r = f.result
     return (-f.op.severity, -f.wanted.severity, -STATUS_SEVERITY[r.status], r.observed_at,
             r.check, r.target, r.reason)
 
 
-def _message(findings: Sequence[Finding]) -> str:
-    head = findings[0].result
+def _message(triggers: Sequence[Trigger]) -> str:
+    head = triggers[0].result
     text = f"{head.check} {head.target}: {head.reason}"
     if head.message:
         text += f" ({head.message})"
-    if len(findings) > 1:
-        text += f"; and {len(findings) - 1} more"
+    if len(triggers) > 1:
+        text += f"; and {len(triggers) - 1} more"
     return text[:1024]
 
 
 def decide(state: PolicyState, settings: PolicySettings, now: datetime, *,
            node_labels: Mapping[str, str] | None = None) -> Decision:
     """What the standing results ask for now. Pure."""
-    findings: list[Finding] = []
+    triggers: list[Trigger] = []
     suppressed: list[tuple[Result, str]] = []
     for r in state.standing:
         if r.status in (Status.OK, Status.SKIPPED):
@@ -362,14 +366,14 @@ def decide(state: PolicyState, settings: PolicySettings, now: datetime, *,
             held = (now - sig.first_seen).total_seconds() if sig else 0.0
             if sig is None or sig.polls < settings.hysteresis_polls or held < settings.hysteresis_s:
                 op = Op.EVENT
-        findings.append(Finding(r, op, wanted))
-    findings.sort(key=_finding_key)
+        triggers.append(Trigger(r, op, wanted))
+    triggers.sort(key=_trigger_key)
     excluded = (node_labels or {}).get(EXCLUDE_LABEL, "").lower() == "true"
-    op = findings[0].op if findings else None
+    op = triggers[0].op if triggers else None
     if excluded and op is not None and op.quarantines:
         op = Op.EVENT
-    by_class: dict[str, list[Finding]] = {}
-    for f in findings:
+    by_class: dict[str, list[Trigger]] = {}
+    for f in triggers:
         if f.result.status is Status.FAILED or not f.pending:
             by_class.setdefault(condition_type(f.result.check), []).append(f)
     classes = sorted({condition_type(c) for c in state.seen} | set(by_class))
@@ -382,16 +386,16 @@ def decide(state: PolicyState, settings: PolicySettings, now: datetime, *,
         else:
             conditions.append(ConditionWant(ctype, "False", CONDITION_HEALTHY_REASON,
                                             "gpu-monitor sees no problem of this class"))
-    reason = findings[0].result.reason if findings else ""
-    return Decision(op=op, reason=reason, findings=tuple(findings), suppressed=tuple(suppressed),
+    reason = triggers[0].result.reason if triggers else ""
+    return Decision(op=op, reason=reason, triggers=tuple(triggers), suppressed=tuple(suppressed),
                     conditions=tuple(conditions), excluded=excluded)
 
 
-def gpu_indices(findings: Iterable[Finding]) -> list[int] | None:
-    """GPU indices named by ``gpu:<N>`` targets; None when a finding is not about one GPU
+def gpu_indices(triggers: Iterable[Trigger]) -> list[int] | None:
+    """GPU indices named by ``gpu:<N>`` targets; None when a trigger is not about one GPU
     (then every GPU is concerned)."""
     out: set[int] = set()
-    for f in findings:
+    for f in triggers:
         kind, _, rest = f.result.target.partition(":")
         if kind != "gpu" or not rest.isdigit():
             return None

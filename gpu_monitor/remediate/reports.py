@@ -40,6 +40,7 @@ from datetime import datetime
 from typing import Any
 
 from gpu_monitor.clock import Clock
+from gpu_monitor.kube.errors import KubeError
 from gpu_monitor.model import NODE, Action, Result, Status, is_reason, parse_iso
 from gpu_monitor.remediate.policy import REPORT_CHECK
 
@@ -256,8 +257,6 @@ class ReportSource:
     def _list_page(self) -> dict | None:
         """This node's GPUHealthReports, or None when the CRD is not installed (said once, and
         once more when it appears)."""
-        from gpu_monitor.remediate.kube import KubeError
-
         try:
             page = self.kube.list_custom(GROUP, VERSION, self.namespace, PLURAL,
                                          label_selector=self.selector)
@@ -347,8 +346,6 @@ class ReportSource:
         return self.clock.wait(self._stop, delay * random.uniform(0.8, 1.2))
 
     def _watch_loop(self, deliver: Callable[[list[Result]], None]) -> None:
-        from gpu_monitor.remediate.kube import KubeError
-
         rv: str | None = None
         failures = 0
         last_error = ""

@@ -177,20 +177,32 @@ def create_health_reports(api: Any, report: dict, namespace: str) -> list[Any]:
     ]
 
 
+class _ReportsApi:
+    """``create_namespaced_custom_object`` through the shared client (gpu_monitor.kube): its
+    retries, rate limit and ``KubeError``; the created objects come back as plain dicts."""
+
+    def __init__(self, kube: Any):
+        self.kube = kube
+
+    def create_namespaced_custom_object(self, group: str, version: str, namespace: str,
+                                        plural: str, body: dict) -> dict:
+        return self.kube.create_custom(group, version, namespace, plural, body)
+
+
 def _in_cluster_api() -> tuple[Any, str] | None:
-    """(CustomObjectsApi, namespace) when running in a pod with the kubernetes package."""
-    try:
-        from kubernetes import client, config  # type: ignore[import-not-found]
-    except ImportError:
+    """(an API for ``create_health_reports``, namespace) when running in a pod with the
+    kubernetes package."""
+    from gpu_monitor.kube.config import in_cluster_api_client
+
+    api_client = in_cluster_api_client()
+    if api_client is None:
         return None
-    try:
-        config.load_incluster_config()
-    except Exception:
-        return None
+    from gpu_monitor.kube.client import Kube
+
     # The daemons watch reports in gpu-monitor's own namespace, not the training job's
     # ($POD_NAMESPACE of the job would hide the report from them).
     namespace = os.environ.get("GPU_MONITOR_NAMESPACE")
-    return client.CustomObjectsApi(), namespace or "gpu-monitor"
+    return _ReportsApi(Kube(api_client)), namespace or "gpu-monitor"
 
 
 def write_report(alarm: dict, rank_map: Sequence[dict] | None, path: str | None = None) -> Any:

@@ -110,7 +110,7 @@ def test_a_bad_kubeconfig_stops_the_daemon_at_start(case, tmp_path, capsys, capl
 
 
 def test_a_good_kubeconfig_passes_the_start_check(tmp_path):
-    from gpu_monitor.remediate.kube import kubeconfig_factory
+    from gpu_monitor.kube.config import kubeconfig_factory
 
     _doc(lambda d: None)(tmp_path)
     api = kubeconfig_factory(str(tmp_path / FILE))()

@@ -141,11 +141,11 @@ NOT_YET = {
     "gpu_monitor.metrics", "gpu_monitor.registry", "gpu_monitor.host", "gpu_monitor.hw.runtime",
     "gpu_monitor.sim.node", "gpu_monitor.state_cli", "gpu_monitor.sdc.probe_worker",
     "gpu_monitor.sdc.report",
-    # the remediator wiring in daemon.py (_remediator, _node_client_factory)
+    # the remediator wiring in daemon.py (_remediator, _node_delivery)
     "gpu_monitor.daemon",
     "gpu_monitor.remediate.bootstrap_gate", "gpu_monitor.remediate.breaker",
-    "gpu_monitor.remediate.cli", "gpu_monitor.remediate.drain", "gpu_monitor.remediate.kube",
-    "gpu_monitor.remediate.lifecycle", "gpu_monitor.remediate.reports",
+    "gpu_monitor.remediate.cli",
+    "gpu_monitor.remediate.reports",
     "gpu_monitor.fabric.api", "gpu_monitor.fabric.cli", "gpu_monitor.fabric.metrics",
     "gpu_monitor.fabric.plan",
 }

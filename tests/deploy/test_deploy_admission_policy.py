@@ -259,7 +259,7 @@ def test_condition_types_are_the_codes_problem_classes(admission):
 
 def test_the_prefix_is_the_codes_and_covers_our_taint_keys(admission):
     from gpu_monitor.config import DEFAULT_TAINT_KEY
-    from gpu_monitor.remediate.kube import LABEL_STATE, PREFIX
+    from gpu_monitor.remediate.k8s.node import LABEL_STATE, PREFIX
 
     old = node()
     prefix = admission.variable("prefix", request(), old, old)

@@ -1,6 +1,6 @@
 """The daemon's RBAC grants exactly what the code declares it uses, and no more.
 
-One source of truth: ``gpu_monitor.remediate.kube.RBAC_RULES`` lists every (apiGroup,
+One source of truth: ``gpu_monitor.remediate.k8s.delivery.RBAC_RULES`` lists every (apiGroup,
 resource, verbs) the Kubernetes layer calls. The rules bound to the daemon's ServiceAccount by
 the base plus the force-delete component must equal it verb for verb; the base alone must lack
 pods ``delete`` (only ``drain.force_delete`` uses it); the breaker ConfigMap is reachable only
@@ -9,7 +9,6 @@ by name; no rule uses a wildcard.
 
 from __future__ import annotations
 
-import pytest
 from deploy_helpers import (
     NAMESPACE,
     SERVICE_ACCOUNT,
@@ -23,14 +22,9 @@ Triple = tuple[str, str, str]
 
 
 def _kube():
-    try:
-        import gpu_monitor.remediate.kube as kube
-    except ModuleNotFoundError as exc:
-        if exc.name and exc.name.startswith("gpu_monitor.remediate"):
-            pytest.skip("gpu_monitor.remediate.kube does not exist yet: the ClusterRole cannot "
-                        "be compared with the code's RBAC_RULES")
-        raise
-    assert hasattr(kube, "RBAC_RULES"), "gpu_monitor.remediate.kube declares no RBAC_RULES"
+    import gpu_monitor.remediate.k8s.delivery as kube
+
+    assert hasattr(kube, "RBAC_RULES"), "gpu_monitor.remediate.k8s.delivery declares no RBAC_RULES"
     return kube
 
 
@@ -84,7 +78,7 @@ def test_the_base_alone_cannot_delete_pods():
 
 
 def test_configmaps_are_reachable_only_by_the_breaker_name_in_our_namespace():
-    from gpu_monitor.remediate.breaker import BREAKER_CONFIGMAP
+    from gpu_monitor.remediate.k8s.breaker import BREAKER_CONFIGMAP
 
     docs = base_objects()
     for role, rule in _bound_rules(docs):

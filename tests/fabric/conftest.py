@@ -35,7 +35,7 @@ def fake_api() -> Iterator[FakeApiServer]:
 def kube(fake_api: FakeApiServer):
     from kubernetes import client
 
-    from gpu_monitor.remediate.kube import Kube
+    from gpu_monitor.kube.client import Kube
 
     k = Kube(client.ApiClient(client.Configuration(host=fake_api.url)), qps=0, burst=1,
              retry_deadline_s=5.0)

@@ -64,7 +64,7 @@ def test_a_stale_write_loses(fabric_api, fake_api):
     clock.advance(1)
     assert a.try_acquire_or_renew()  # renewed: the resourceVersion moved on
     stale["spec"]["holderIdentity"] = "intruder"
-    from gpu_monitor.remediate.kube import KubeError
+    from gpu_monitor.kube.errors import KubeError
 
     try:
         fabric_api.replace_lease("gpu-monitor", "l", stale)

@@ -7,6 +7,8 @@ HTTP on 127.0.0.1; these helpers only seed it and build the pieces under test ar
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -26,10 +28,14 @@ fake_apiserver_http.FakeRequestHandler.disable_nagle_algorithm = True
 
 from gpu_monitor.clock import Clock  # noqa: E402
 from gpu_monitor.config import parse_config  # noqa: E402
+from gpu_monitor.host_actuator import HostActuator  # noqa: E402
 from gpu_monitor.hw.paths import HostPaths  # noqa: E402
 from gpu_monitor.model import Action, Result, Status  # noqa: E402
-from gpu_monitor.remediate.drain import DrainPolicy  # noqa: E402
-from gpu_monitor.remediate.lifecycle import Remediator, ResetOutcome  # noqa: E402
+from gpu_monitor.remediate.actuator import ResetOutcome  # noqa: E402
+from gpu_monitor.remediate.k8s.delivery import KubeDelivery  # noqa: E402
+from gpu_monitor.remediate.k8s.drain import DrainPolicy  # noqa: E402
+from gpu_monitor.remediate.remediator import Remediator  # noqa: E402
+from gpu_monitor.remediate.settings import Timing  # noqa: E402
 from gpu_monitor.state import Store  # noqa: E402
 
 NAMESPACE = "gpu-monitor"
@@ -43,6 +49,21 @@ def seed_breaker(fake: FakeApiServer, **data: str) -> dict:
     body = {"state": "closed", "paused": "false", "slots": "{}", **data}
     return fake.add_object({"apiVersion": "v1", "kind": "ConfigMap",
                             "metadata": {"name": BREAKER, "namespace": NAMESPACE}, "data": body})
+
+
+@contextmanager
+def fake_cluster(*nodes: str, breaker: bool = True) -> Iterator[FakeApiServer]:
+    """The fake apiserver, running, with ``nodes`` (8 GPUs each) and, unless told otherwise,
+    the pre-created breaker ConfigMap."""
+    server = FakeApiServer().start()
+    for name in nodes:
+        server.add_node(name, gpus=8)
+    if breaker:
+        seed_breaker(server)
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def breaker_data(fake: FakeApiServer) -> dict:
@@ -63,7 +84,7 @@ def kube_for(fake: FakeApiServer, clock: Clock | None = None, retry_deadline_s: 
     """A `Kube` on a real `kubernetes.client.ApiClient` pointed at the fake."""
     from kubernetes import client
 
-    from gpu_monitor.remediate.kube import Kube
+    from gpu_monitor.kube.client import Kube
 
     api = client.ApiClient(client.Configuration(host=fake.url))
     return Kube(api, clock or Clock(), retry_deadline_s=retry_deadline_s, qps=qps)
@@ -111,17 +132,28 @@ class Resets:
         return ResetOutcome(True, "reset", done)
 
 
+TIMING_FIELDS = frozenset(Timing.__dataclass_fields__)
+
+
 def remediator(fake: FakeApiServer, root: Path, node: str = "gpu-node-1", *, store=None,
                cfg=None, clock: Clock | None = None, drain: DrainPolicy = FAST_DRAIN,
                holders=None, resets: Resets | None = None, retest=None, **kw: Any) -> Remediator:
+    """A Remediator on the fake apiserver (its Kubernetes delivery) and a host tree under
+    ``root`` (its actuator, with an injected GPU reset and holder scan); ``kw`` may name the
+    Remediator's keywords and ``Timing`` fields."""
     clock = clock or Clock()
     store = store or Store.open(":memory:", clock)
+    cfg = cfg or config()
     root.mkdir(parents=True, exist_ok=True)
     paths = kw.pop("paths", None) or host_paths(root)
-    return Remediator(store, cfg or config(), node, clock, lambda: kube_for(fake, clock), None,
-                      paths=paths, drain_policy=drain, holders=holders or (lambda: []),
-                      reset=resets or Resets(), retest=retest, nvswitch=kw.pop("nvswitch", False),
-                      namespace=NAMESPACE, **kw)
+    delivery = KubeDelivery.from_config(cfg, node, clock, lambda: kube_for(fake, clock),
+                                        namespace=NAMESPACE, drain=drain)
+    actuator = HostActuator(paths, None, reboot_sentinel=cfg.remediation.reboot_sentinel,
+                            holders=holders or (lambda: []), reset=resets or Resets(),
+                            nvswitch=kw.pop("nvswitch", False))
+    timing = Timing(**{k: kw.pop(k) for k in list(kw) if k in TIMING_FIELDS})
+    return Remediator.from_config(store, cfg, node, delivery, actuator, clock=clock,
+                                  retest=retest, timing=timing, **kw)
 
 
 def our_conditions(node: dict) -> dict[str, dict]:

@@ -17,8 +17,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from remediate_helpers import NAMESPACE, config, host_paths, xid  # noqa: E402
 
 from gpu_monitor.clock import Clock  # noqa: E402
-from gpu_monitor.remediate.drain import DrainPolicy  # noqa: E402
-from gpu_monitor.remediate.lifecycle import Remediator  # noqa: E402
+from gpu_monitor.host_actuator import HostActuator  # noqa: E402
+from gpu_monitor.remediate.k8s.delivery import KubeDelivery  # noqa: E402
+from gpu_monitor.remediate.k8s.drain import DrainPolicy  # noqa: E402
+from gpu_monitor.remediate.remediator import Remediator  # noqa: E402
+from gpu_monitor.remediate.settings import Timing  # noqa: E402
 from gpu_monitor.state import Store  # noqa: E402
 
 
@@ -33,7 +36,7 @@ def main() -> int:
 
     from kubernetes import client
 
-    from gpu_monitor.remediate.kube import Kube
+    from gpu_monitor.kube.client import Kube
 
     clock = Clock()
     store = Store.open(args.state, clock)
@@ -43,9 +46,14 @@ def main() -> int:
                     retry_deadline_s=30.0, qps=0)
 
     drain = DrainPolicy(timeout_s=30.0, poll_s=0.05, retry_base_s=0.2, retry_max_s=1.0)
-    r = Remediator(store, config(), args.node, clock, factory, None,
-                   paths=host_paths(Path(args.root)), drain_policy=drain,
-                   holders=lambda: [], nvswitch=False, namespace=NAMESPACE, report_poll_s=3600)
+    cfg = config()
+    delivery = KubeDelivery.from_config(cfg, args.node, clock, factory, namespace=NAMESPACE,
+                                        drain=drain)
+    actuator = HostActuator(host_paths(Path(args.root)), None,
+                            reboot_sentinel=cfg.remediation.reboot_sentinel,
+                            holders=lambda: [], nvswitch=False)
+    r = Remediator.from_config(store, cfg, args.node, delivery, actuator, clock=clock,
+                               timing=Timing(report_poll_s=3600))
     r.on_results([xid(79)])
     print("started", flush=True)
     while store.node_state().state != args.until:

@@ -13,23 +13,22 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 from remediate_helpers import (
-    FakeApiServer,
     config,
     event_reasons,
     events_for,
+    fake_cluster,
     kube_for,
     ok,
     our_taints,
     patch_as_human,
     remediator,
-    seed_breaker,
     writes_to,
     xid,
 )
 
 from gpu_monitor.clock import FakeClock
 from gpu_monitor.model import parse_iso
-from gpu_monitor.remediate.kube import ANNOTATIONS, NodeClient
+from gpu_monitor.remediate.k8s.node import ANNOTATIONS, NodeClient
 
 NODE = "gpu-node-1"
 NODE_PATH = f"/api/v1/nodes/{NODE}"
@@ -40,13 +39,8 @@ T0 = datetime(2026, 4, 1, tzinfo=timezone.utc)
 
 @pytest.fixture
 def fake():
-    server = FakeApiServer().start()
-    server.add_node(NODE, gpus=8)
-    seed_breaker(server)
-    try:
+    with fake_cluster(NODE) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def ann(fake):
@@ -129,7 +123,7 @@ def test_an_unmarked_cordon_found_after_a_restart_is_someone_elses(fake):
     out = node.ensure_quarantined("Xid79", "quarantined", T0)
     assert not out.cordoned and out.cordon_pre_existing
     assert ann(fake)[ANNOTATIONS.PRE_EXISTING] == "true"
-    view, uncordoned = node.release(T0)
+    view, uncordoned = node.release()
     assert not uncordoned and view.unschedulable
 
 
@@ -141,7 +135,7 @@ def test_a_write_between_our_read_and_our_uncordon_makes_us_decide_again(fake):
         patch_as_human(fake, NODE, {"metadata": {"labels": {"rack": "r7"}}})
 
     hook = fake.on_request("PATCH", NODE_PATH, someone_labels, content_type=SMP)
-    view, uncordoned = node.release(T0)
+    view, uncordoned = node.release()
     assert hook.hits == 1
     assert uncordoned and not view.unschedulable and not fake.node(NODE)["spec"].get(
         "unschedulable")
@@ -184,7 +178,7 @@ def test_after_a_50_s_events_outage_the_quarantined_event_is_delivered(fake, tmp
                  if q.method == "POST" and q.path == EVENTS_PATH and q.status == 201]
     assert delivered.index("Quarantined") < delivered.index("DrainSucceeded")  # in order
     assert "Xid79" in reasons
-    assert r.node.events.pending == 0 and r.node.events.dropped == 0
+    assert r.delivery.node.events.pending == 0 and r.delivery.node.events.dropped == 0
     assert outage.hits <= 10  # backed off: no hammering of a failing server
     warned = [x for x in caplog.records if "cannot send Event" in x.getMessage()]
     assert len(warned) == 1 and "503" in warned[0].getMessage()
@@ -214,7 +208,7 @@ def test_a_failing_events_api_does_not_hold_up_cordon_taint_and_drain(fake, tmp_
     assert tries[0] < evicted  # the Quarantined Event was tried before the drain began
     # The steps waited for no Event: the clock moved only by the drain's own polls.
     assert clock.monotonic() - start < 5
-    assert r.node.events.pending >= 3  # Quarantined, DrainSucceeded, the Xid79 finding
+    assert r.delivery.node.events.pending >= 3  # Quarantined, DrainSucceeded, the Xid79 finding
 
 
 def test_the_event_queue_is_bounded_and_drops_the_oldest(fake, caplog):

@@ -13,9 +13,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kube"))
 from fake_apiserver import FakeApiServer  # noqa: E402
 
 from gpu_monitor.clock import FakeClock  # noqa: E402
+from gpu_monitor.kube.client import Kube  # noqa: E402
 from gpu_monitor.model import Report, Result, Status  # noqa: E402
 from gpu_monitor.remediate.bootstrap_gate import BOOTSTRAP_TAINT, CONDITION, BootstrapGate  # noqa: E402
-from gpu_monitor.remediate.kube import Kube, NodeClient  # noqa: E402
+from gpu_monitor.remediate.k8s.delivery import KubeDelivery  # noqa: E402
 from gpu_monitor.state import Store  # noqa: E402
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -42,7 +43,7 @@ def node_client(api, clock):
 
     cfg = client.Configuration()
     cfg.host = api.url
-    return NodeClient(Kube(client.ApiClient(cfg), clock), "n1")
+    return KubeDelivery(lambda: Kube(client.ApiClient(cfg), clock), "n1", clock)
 
 
 def taint_keys(api):
@@ -58,7 +59,7 @@ def test_failed_suite_keeps_taint_sets_condition_and_retries_later(api):
     store = Store.open(":memory:", clock)
     outcomes = [report(Status.FAILED), report(Status.OK)]
     nc = node_client(api, clock)
-    gate = BootstrapGate(store, lambda: outcomes.pop(0), clock, node_client=lambda: nc,
+    gate = BootstrapGate(store, lambda: outcomes.pop(0), clock, delivery=lambda: nc,
                          dry_run=False, retry_s=600)
     assert gate.step() == "failed"
     assert BOOTSTRAP_TAINT in taint_keys(api)
@@ -82,7 +83,7 @@ def test_recorded_pass_skips_the_suite_and_releases_a_new_taint(api):
     def never():
         raise AssertionError("suite must not run again after a recorded pass")
 
-    gate = BootstrapGate(store, never, clock, node_client=lambda: nc, dry_run=False)
+    gate = BootstrapGate(store, never, clock, delivery=lambda: nc, dry_run=False)
     assert gate.step() == "passed"
     assert BOOTSTRAP_TAINT not in taint_keys(api)
 
@@ -91,7 +92,7 @@ def test_dry_run_changes_nothing_on_the_node(api):
     clock = FakeClock()
     store = Store.open(":memory:", clock)
     nc = node_client(api, clock)
-    gate = BootstrapGate(store, lambda: report(Status.OK), clock, node_client=lambda: nc,
+    gate = BootstrapGate(store, lambda: report(Status.OK), clock, delivery=lambda: nc,
                          dry_run=True)
     assert gate.step() == "passed"
     assert BOOTSTRAP_TAINT in taint_keys(api)
@@ -105,7 +106,7 @@ def test_undecided_suite_is_unknown_and_without_api_nothing_breaks():
     def no_api():
         raise RuntimeError("no in-cluster config")
 
-    gate = BootstrapGate(store, lambda: report(Status.UNKNOWN), clock, node_client=no_api,
+    gate = BootstrapGate(store, lambda: report(Status.UNKNOWN), clock, delivery=no_api,
                          dry_run=False)
     assert gate.step() == "unknown"
     assert store.get_kv("bootstrap", "last")["verdict"] == "unknown"
@@ -122,7 +123,7 @@ def test_a_healthy_suite_on_an_image_without_torch_keeps_the_taint_and_records_n
     clock = FakeClock()
     store = Store.open(":memory:", clock)
     nc = node_client(api, clock)
-    gate = BootstrapGate(store, lambda: report(Status.OK), clock, node_client=lambda: nc,
+    gate = BootstrapGate(store, lambda: report(Status.OK), clock, delivery=lambda: nc,
                          dry_run=False, active_runtime=lambda: NO_TORCH)
     assert gate.step() == "unknown"
     assert BOOTSTRAP_TAINT in taint_keys(api)
@@ -142,7 +143,7 @@ def test_a_recorded_pass_is_not_acted_on_by_an_image_without_torch(api):
     def never():
         raise AssertionError("a recorded pass is not re-run")
 
-    gate = BootstrapGate(store, never, clock, node_client=lambda: nc, dry_run=False,
+    gate = BootstrapGate(store, never, clock, delivery=lambda: nc, dry_run=False,
                          active_runtime=lambda: NO_TORCH)
     assert gate.step() == "blocked"
     assert BOOTSTRAP_TAINT in taint_keys(api)
@@ -159,7 +160,7 @@ def test_a_runtime_probe_that_raises_earns_no_pass(api):
     def broken():
         raise OSError("permission denied")
 
-    gate = BootstrapGate(store, lambda: report(Status.OK), clock, node_client=lambda: nc,
+    gate = BootstrapGate(store, lambda: report(Status.OK), clock, delivery=lambda: nc,
                          dry_run=False, active_runtime=broken)
     assert gate.step() == "unknown" and BOOTSTRAP_TAINT in taint_keys(api)
     assert "permission denied" in conditions(api)[CONDITION]["message"]

@@ -23,7 +23,8 @@ from remediate_helpers import (
 
 from gpu_monitor.clock import Clock, FakeClock
 from gpu_monitor.model import iso
-from gpu_monitor.remediate.breaker import Breaker, BreakerSettings, budget_for
+from gpu_monitor.remediate.breaker import budget_for
+from gpu_monitor.remediate.k8s.breaker import BreakerSettings, ConfigMapBreaker
 from gpu_monitor.state import Store
 
 BUDGETS = [
@@ -61,7 +62,7 @@ def clock():
 
 
 def breaker(fake, clock, **kw):
-    return Breaker(kube_for(fake, clock),
+    return ConfigMapBreaker(kube_for(fake, clock),
                    BreakerSettings(namespace=NAMESPACE, **{"cooldown_s": 600.0, **kw}), clock)
 
 

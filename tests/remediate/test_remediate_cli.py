@@ -6,25 +6,26 @@ import argparse
 import json
 
 import pytest
-from remediate_helpers import FakeApiServer, breaker_data, kube_for, remediator, seed_breaker, xid
+from remediate_helpers import (
+    FakeApiServer,
+    breaker_data,
+    fake_cluster,
+    kube_for,
+    remediator,
+    seed_breaker,
+    xid,
+)
 
 from gpu_monitor.remediate.cli import register
-from gpu_monitor.remediate.kube import ANNOTATIONS
+from gpu_monitor.remediate.k8s.node import ANNOTATIONS
 
 NODE = "gpu-node-1"
 
 
 @pytest.fixture
 def fake():
-    server = FakeApiServer().start()
-    for i in range(20):
-        server.add_node(f"gpu-{i}", gpus=8)
-    server.add_node(NODE, gpus=8)
-    seed_breaker(server)
-    try:
+    with fake_cluster(*(f"gpu-{i}" for i in range(20)), NODE) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def run(fake, *argv):

@@ -22,7 +22,7 @@ from remediate_helpers import (
     seed_breaker,
 )
 
-from gpu_monitor.remediate.kube import ANNOTATIONS, LABEL_STATE
+from gpu_monitor.remediate.k8s.node import ANNOTATIONS, LABEL_STATE
 from gpu_monitor.state import Store
 from tests.waiting import eventually
 

@@ -7,10 +7,10 @@ import time
 from dataclasses import replace
 
 import pytest
-from remediate_helpers import FAST_DRAIN, FakeApiServer, kube_for
+from remediate_helpers import FAST_DRAIN, fake_cluster, kube_for
 
 from gpu_monitor.clock import Clock
-from gpu_monitor.remediate.drain import DrainPolicy, drain_node, requests_gpu, select_pods
+from gpu_monitor.remediate.k8s.drain import DrainPolicy, drain_node, requests_gpu, select_pods
 
 NODE = "gpu-node-1"
 ALL_PODS = replace(FAST_DRAIN, gpu_pods_only=False)
@@ -74,12 +74,8 @@ def test_requests_gpu_ignores_zero_quantities():
 
 @pytest.fixture
 def fake():
-    server = FakeApiServer().start()
-    server.add_node(NODE, gpus=8)
-    try:
+    with fake_cluster(NODE, breaker=False) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def run(fake, policy=ALL_PODS, **kw):

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from remediate_helpers import (
     TAINT_KEY,
-    FakeApiServer,
     Resets,
+    fake_cluster,
     kube_for,
     our_conditions,
     our_taints,
@@ -26,13 +26,10 @@ from remediate_helpers import (
 )
 
 from gpu_monitor.clock import FakeClock
-from gpu_monitor.remediate.kube import (
-    RBAC_RULES,
-    KubeError,
-    KubeUnavailable,
-    NodeClient,
-    RateLimiter,
-)
+from gpu_monitor.kube.errors import KubeError, KubeUnavailable
+from gpu_monitor.kube.ratelimit import RateLimiter
+from gpu_monitor.remediate.k8s.delivery import RBAC_RULES
+from gpu_monitor.remediate.k8s.node import NodeClient
 from gpu_monitor.remediate.reports import report_object
 from tests.waiting import eventually
 
@@ -50,12 +47,8 @@ class Want:
 
 @pytest.fixture
 def fake():
-    server = FakeApiServer().start()
-    server.add_node(NODE, gpus=8)
-    try:
+    with fake_cluster(NODE, breaker=False) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
@@ -153,7 +146,7 @@ def test_taint_value_follows_the_most_severe_reason_and_only_ours_is_removed(fak
     node.ensure_quarantined("Xid79", "quarantined", T0)
     assert our_taints(fake.node(NODE)) == [{"key": TAINT_KEY, "value": "Xid79",
                                             "effect": "NoSchedule"}]
-    view, uncordoned = node.release(T0)
+    view, uncordoned = node.release()
     assert uncordoned and not view.unschedulable
     # The node lifecycle controller drops its own unschedulable taint after the uncordon, on
     # its own time (as the real one does): wait for it rather than read at once.
@@ -167,7 +160,7 @@ def test_a_pre_existing_cordon_is_recorded_and_kept_on_release(fake, node):
     fake.add_node(NODE, gpus=8, unschedulable=True)
     out = node.ensure_quarantined("Xid79", "quarantined", T0)
     assert out.cordon_pre_existing and not out.cordoned
-    _, uncordoned = node.release(T0)
+    _, uncordoned = node.release()
     assert not uncordoned and fake.node(NODE)["spec"]["unschedulable"] is True
 
 
@@ -262,7 +255,8 @@ def test_a_kubeconfig_either_loads_or_raises_kubeconfig_error(tmp_path, doc):
     """Whatever the file holds, nothing but KubeConfigError leaves the start-up check."""
     import yaml
 
-    from gpu_monitor.remediate.kube import KubeConfigError, kubeconfig_factory
+    from gpu_monitor.kube.config import kubeconfig_factory
+    from gpu_monitor.kube.errors import KubeConfigError
 
     path = tmp_path / "kubeconfig"
     path.write_text(yaml.safe_dump(doc))
@@ -319,7 +313,7 @@ def test_rbac_rules_cover_every_request_of_a_whole_lifecycle(fake, tmp_path):
                    retest=lambda: [], watch_reports=True)
     r.on_results([xid(79)])
     r.tick()
-    set_boot_id(r.paths, "boot-2")
+    set_boot_id(r.actuator.paths, "boot-2")
     r.tick()
     r.reports.stop()
     allowed = {(g, res, v) for g, res, verbs in RBAC_RULES for v in verbs}

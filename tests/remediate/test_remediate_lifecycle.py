@@ -11,13 +11,13 @@ import pytest
 from remediate_helpers import (
     FAST_DRAIN,
     TAINT_KEY,
-    FakeApiServer,
     JumpClock,
     Resets,
     breaker_data,
     config,
     event_reasons,
     events_for,
+    fake_cluster,
     ok,
     our_conditions,
     our_taints,
@@ -31,7 +31,7 @@ from remediate_helpers import (
 
 from gpu_monitor.clock import FakeClock
 from gpu_monitor.model import Result, Status
-from gpu_monitor.remediate.kube import ANNOTATIONS, LABEL_REPLACE, LABEL_STATE
+from gpu_monitor.remediate.k8s.node import ANNOTATIONS, LABEL_REPLACE, LABEL_STATE
 
 NODE = "gpu-node-1"
 NODE_PATH = f"/api/v1/nodes/{NODE}"
@@ -39,13 +39,8 @@ NODE_PATH = f"/api/v1/nodes/{NODE}"
 
 @pytest.fixture
 def fake():
-    server = FakeApiServer().start()
-    server.add_node(NODE, gpus=8)
-    seed_breaker(server)
-    try:
+    with fake_cluster(NODE) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def gpu_job(fake, name="train-0", ns="train", grace=1, stop_after=0.2, **kw):
@@ -128,7 +123,7 @@ def test_xid79_on_a_simulated_node_quarantines_drains_reboots_and_returns(fake, 
     assert counts[("eviction", "evicted")] == 1
 
     # Kured reboots the node; the daemon comes back with the same store and retests.
-    set_boot_id(r.paths, "boot-2")
+    set_boot_id(r.actuator.paths, "boot-2")
     r.tick()
     node = fake.node(NODE)
     assert r.store.node_state().state == "healthy"
@@ -246,12 +241,12 @@ def test_api_server_down_during_cordon_is_retried_and_ends_right(fake, tmp_path,
 
 
 def test_a_tick_that_cannot_reach_the_api_server_resumes_on_the_next(fake, tmp_path):
-    from gpu_monitor.remediate.kube import Kube
+    from gpu_monitor.kube.client import Kube
 
     r = remediator(fake, tmp_path)
     r.tick()
-    r.kube.retry_deadline_s = 0.5
-    assert isinstance(r.kube, Kube)
+    r.delivery.kube.retry_deadline_s = 0.5
+    assert isinstance(r.delivery.kube, Kube)
     fake.stop()
     r.on_results([xid(79)])
     r.tick()
@@ -445,7 +440,7 @@ def test_retests_that_keep_failing_end_in_replace_until_an_operator_releases(fak
     r.tick()
     assert r.store.node_state().state == "reboot-required"
     assert r.store.node_state().retest_failures == 1
-    set_boot_id(r.paths, "boot-2")
+    set_boot_id(r.actuator.paths, "boot-2")
     r.tick()
     st = r.store.node_state()
     assert (st.state, st.retest_failures) == ("replace", 2)
@@ -460,7 +455,7 @@ def test_retests_that_keep_failing_end_in_replace_until_an_operator_releases(fak
     r.tick()
     assert r.store.node_state().state == "replace"  # permanent: clean results do not release
     patch_as_human(fake, NODE, {"metadata": {"annotations": {ANNOTATIONS.RELEASE_REQUESTED: "x"}}})
-    r.node_sync_s = 0.0
+    r.timing = replace(r.timing, node_sync_s=0.0)
     r.tick()
     node = fake.node(NODE)
     assert r.store.node_state().state == "healthy"
@@ -491,7 +486,7 @@ def test_an_undecided_retest_keeps_the_node_quarantined_and_is_run_again_later(f
     assert r.store.action_counts()[("retest", "undecided")] == 1
     r.tick()
     assert len(calls) == 1  # not again at once: the suite loads the GPUs
-    clock.advance(r.config.daemon.bootstrap_retry_s + 1)
+    clock.advance(r.settings.retest_retry_s + 1)
     r.tick()
     assert len(calls) == 2 and r.store.node_state().state == "healthy"
 
@@ -557,9 +552,11 @@ def test_unreachable_api_backs_off_and_logs_once(tmp_path, caplog):
     import logging
     import time as _time
 
-    from gpu_monitor.clock import Clock
     from gpu_monitor.config import Config, RemediationConfig
-    from gpu_monitor.remediate import Remediator
+    from gpu_monitor.host_actuator import HostActuator
+    from gpu_monitor.remediate.k8s.delivery import KubeDelivery
+    from gpu_monitor.remediate.remediator import Remediator
+    from gpu_monitor.remediate.settings import Timing
     from gpu_monitor.state import Store
 
     calls = []
@@ -570,8 +567,9 @@ def test_unreachable_api_backs_off_and_logs_once(tmp_path, caplog):
 
     store = Store.open(str(tmp_path / "s.db"))
     cfg = Config(remediation=RemediationConfig(enabled=True, dry_run=True))
-    rem = Remediator(store, cfg, "n1", Clock(), no_api, None, tick_s=0.02)
-    caplog.set_level(logging.WARNING, logger="gpu_monitor.remediate.lifecycle")
+    rem = Remediator.from_config(store, cfg, "n1", KubeDelivery(no_api, "n1"), HostActuator(),
+                                 timing=Timing(tick_s=0.02))
+    caplog.set_level(logging.WARNING, logger="gpu_monitor.remediate.remediator")
     rem.start()
     try:
         deadline = _time.monotonic() + 1.0

@@ -101,7 +101,7 @@ def test_degraded_signal_escalates_only_after_n_polls_and_t_seconds(offsets, at,
     st = state_of(*[remap(T0 + timedelta(seconds=s)) for s in offsets])
     d = decide(st, SETTINGS, T0 + timedelta(seconds=at))
     assert d.op is want
-    assert d.findings[0].wanted is Op.RESET_GPU
+    assert d.triggers[0].wanted is Op.RESET_GPU
 
 
 def test_a_clean_poll_restarts_the_hysteresis():
@@ -208,8 +208,8 @@ def test_most_severe_finding_names_the_reason_and_comes_first():
                    r(target="gpu:3", reason="Xid94", action=Action.WATCH)])
     d = decide(st, SETTINGS, T0)
     assert d.op is Op.REPLACE and d.reason == "Xid64"
-    assert [f.result.reason for f in d.findings] == ["Xid64", "Xid48", "Xid94"]
-    assert [f.result.reason for f in d.triggers(Op.RESET_GPU)] == ["Xid64", "Xid48"]
+    assert [f.result.reason for f in d.triggers] == ["Xid64", "Xid48", "Xid94"]
+    assert [f.result.reason for f in d.at_least(Op.RESET_GPU)] == ["Xid64", "Xid48"]
 
 
 def test_conditions_one_per_problem_class_true_while_present_false_once_cleared():
@@ -246,4 +246,19 @@ GPUS = [
 @pytest.mark.parametrize("targets,want", [c[1:] for c in GPUS], ids=[c[0] for c in GPUS])
 def test_gpu_indices_of_the_findings(targets, want):
     st = state_of([r(target=t, reason="Xid48", action=Action.RESET_GPU) for t in targets])
-    assert gpu_indices(decide(st, SETTINGS, T0).findings) == want
+    assert gpu_indices(decide(st, SETTINGS, T0).triggers) == want
+
+
+def test_the_op_ladder_follows_the_action_ladder():
+    """One order: ``Op``'s declaration order is its severity, and a result suggesting a more
+    severe action (model.ACTION_SEVERITY, from ``watch`` up) never gets a lesser op. (``none``
+    on a failed result is the one rule apart: it still cordons.)"""
+    from gpu_monitor.model import ACTION_SEVERITY
+
+    assert [op.severity for op in Op] == list(range(1, len(Op) + 1))
+    ladder = sorted((a for a in Action if ACTION_SEVERITY[a] >= ACTION_SEVERITY[Action.WATCH]),
+                    key=ACTION_SEVERITY.__getitem__)
+    for status in (Status.FAILED, Status.DEGRADED):
+        ops = [op_for(Result(check="xid", status=status, target="gpu:0", reason="Xid79",
+                             action=a), PolicySettings()) for a in ladder]
+        assert [o.severity for o in ops] == sorted(o.severity for o in ops), (status, ops)

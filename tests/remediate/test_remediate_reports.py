@@ -9,10 +9,10 @@ import pytest
 from remediate_helpers import (
     FakeApiServer,
     Resets,
+    fake_cluster,
     kube_for,
     our_conditions,
     remediator,
-    seed_breaker,
     writes_to,
 )
 
@@ -37,14 +37,8 @@ T0 = datetime(2026, 5, 1, 12, 0, tzinfo=timezone.utc)
 
 @pytest.fixture
 def fake():
-    server = FakeApiServer().start()
-    server.add_node(NODE, gpus=8)
-    server.add_node(OTHER, gpus=8)
-    seed_breaker(server)
-    try:
+    with fake_cluster(NODE, OTHER) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def create(fake, node, reason="SdcAlarm", labelled=None, at=None):

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 from remediate_helpers import (
-    FakeApiServer,
     JumpClock,
     config,
     events_for,
+    fake_cluster,
     remediator,
-    seed_breaker,
 )
 
 from gpu_monitor.clock import FakeClock
@@ -22,13 +21,8 @@ NODE = "gpu-node-1"
 
 @pytest.fixture
 def fake():
-    server = FakeApiServer().start()
-    server.add_node(NODE, gpus=8)
-    seed_breaker(server)
-    try:
+    with fake_cluster(NODE) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def recovered_store(tmp_path):

@@ -22,6 +22,9 @@ eviction handler (``eviction.go``), as SPEC-REMEDIATION.md lists them:
    StatefulSet recreated the name). A pod still terminating at the deadline fails the drain;
    only with ``force_delete`` is it deleted with grace 0 (UID-guarded).
 6. A failed drain leaves the node cordoned and tainted; the caller records ``drain-failed``.
+
+The requests go through the shared client (gpu_monitor.kube); the lifecycle reaches the drain
+through the Kubernetes delivery (delivery.py here).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_monitor.clock import Clock
+from gpu_monitor.kube.errors import KubeError
 
 log = logging.getLogger(__name__)
 
@@ -209,8 +213,6 @@ class _Run:
         return pod is None or (pod.get("metadata") or {}).get("uid") != uid
 
     def evict(self, pod: Mapping[str, Any]) -> PodOutcome:
-        from gpu_monitor.remediate.kube import KubeError
-
         meta = pod.get("metadata") or {}
         ns, name, uid = meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", "")
         blocked = 0
@@ -264,8 +266,6 @@ class _Run:
             return self.wait(ns, name, uid, blocked)
 
     def wait(self, ns: str, name: str, uid: str, blocked: int) -> PodOutcome:
-        from gpu_monitor.remediate.kube import KubeError
-
         while True:
             try:
                 if self.gone(ns, name, uid):
@@ -284,8 +284,6 @@ class _Run:
             self.pause(self.policy.poll_s)
 
     def force(self, ns: str, name: str, uid: str, blocked: int) -> PodOutcome:
-        from gpu_monitor.remediate.kube import KubeError
-
         try:
             self.kube.delete_pod(ns, name, grace_period_s=0, uid=uid)
         except KubeError as err:
