@@ -34,6 +34,15 @@ from gpu_monitor.profiles import (
     CHECK_SETTINGS,
     COMMON_CHECK_KEYS,
     PROFILE_SCHEMA,
+    Profile,
+    ProfileError,
+    declared_settings,
+    load_profile,
+    match_profile,
+    setting_spec,
+)
+from gpu_monitor.profiles.nested import freeze
+from gpu_monitor.profiles.schema import (
     SECONDS,
     SECONDS0,
     Any_,
@@ -44,22 +53,14 @@ from gpu_monitor.profiles import (
     Nullable,
     Num,
     Partial,
-    Profile,
-    ProfileError,
     SchemaError,
     Spec,
     Str,
-    declared_settings,
-    freeze,
-    load_profile,
-    match_profile,
-    read_text,
-    read_yaml,
     schema_paths,
-    setting_spec,
     suggest,
     validate,
 )
+from gpu_monitor.profiles.yaml_reader import read_text, read_yaml
 
 __all__ = [
     "DEFAULT_CONFIG",

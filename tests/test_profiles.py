@@ -19,28 +19,25 @@ from gpu_monitor.profiles import (
     CHECK_SETTINGS,
     COMMON_CHECK_KEYS,
     KNOWN_CHECKS,
-    MAX_DEPTH,
-    MAX_FILE_BYTES,
-    MAX_NODES,
-    MAX_SECONDS,
     PROFILE_SCHEMA,
-    SECONDS,
-    SECONDS0,
-    Int,
-    Num,
     Profile,
     ProfileError,
     SchemaError,
     UndeclaredSetting,
-    _validate_profile,
     declared_settings,
     list_profiles,
     load_profile,
     match_profile,
     profile_keys,
+    validate_profile,
+)
+from gpu_monitor.profiles.schema import MAX_SECONDS, SECONDS, SECONDS0, Int, Num, validate
+from gpu_monitor.profiles.yaml_reader import (
+    MAX_DEPTH,
+    MAX_FILE_BYTES,
+    MAX_NODES,
     read_text,
     read_yaml,
-    validate,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -683,6 +680,6 @@ _VALUES = st.recursive(_SCALARS, lambda inner: st.one_of(
 @given(st.dictionaries(st.sampled_from([*PROFILE_SCHEMA.fields, "zz"]), _VALUES, max_size=6))
 def test_profile_validation_raises_only_profile_errors(data):
     try:
-        Profile(_validate_profile(data, "p"))
+        Profile(validate_profile(data, "p"))
     except ProfileError:
         pass

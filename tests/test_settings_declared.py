@@ -23,24 +23,19 @@ from gpu_monitor.config import DEFAULT_CONFIG, load_config
 from gpu_monitor.profiles import (
     CHECK_SETTINGS,
     COMMON_CHECK_KEYS,
-    MAX_SECONDS,
     PROFILE_SCHEMA,
-    Map,
-    Nullable,
-    Num,
-    Partial,
-    Spec,
     UndeclaredSetting,
     declared_settings,
     load_profile,
     profile_keys,
     setting_spec,
 )
+from gpu_monitor.profiles.schema import MAX_SECONDS, Map, Nullable, Num, Partial, Spec
 
 REPO = Path(__file__).resolve().parent.parent
 # The lookup itself (its parameters are the caller's check and key, not settings).
 IMPLEMENTATION = {"gpu_monitor/check.py", "gpu_monitor/config.py",
-                  "gpu_monitor/profiles/__init__.py"}
+                  "gpu_monitor/profiles/profile.py"}
 ANY_CHECK = "*"
 
 

@@ -30,12 +30,8 @@ import pytest
 import yaml
 
 from gpu_monitor.config import CONFIG_SCHEMA, SWITCH_KEYS
-from gpu_monitor.profiles import (
-    CHECK_SETTINGS,
-    MAX_DEPTH,
-    MAX_FILE_BYTES,
-    MAX_NODES,
-    PROFILE_SCHEMA,
+from gpu_monitor.profiles import CHECK_SETTINGS, PROFILE_SCHEMA, declared_settings
+from gpu_monitor.profiles.schema import (
     Any_,
     Bool,
     Int,
@@ -47,8 +43,8 @@ from gpu_monitor.profiles import (
     Spec,
     Str,
     Version,
-    declared_settings,
 )
+from gpu_monitor.profiles.yaml_reader import MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES
 from tests.badinput.harness import Case, config_case, ids, run_case
 
 REPO = Path(__file__).resolve().parents[2]
