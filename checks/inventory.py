@@ -17,10 +17,11 @@ import re
 from collections.abc import Sequence
 
 from checks._gpus import enumeration_error, error_details, unidentified
-from gpu_monitor.check import Check, ClearTracker, Context
+from gpu_monitor.check import Check, ClearTracker, Context, Setting
 from gpu_monitor.hw.nvml import NvmlError, SystemInfo
 from gpu_monitor.hw.sysfs import NVIDIA_VENDOR
 from gpu_monitor.model import NODE, Action, Kind, Result, Status, gpu_target
+from gpu_monitor.profiles.schema import SECONDS0
 
 
 def version_tuple(text: str) -> tuple[int, ...]:
@@ -53,6 +54,15 @@ class Inventory(Check):
         "BootGrace",
         "SysfsReadError",
     )
+    sections = ("gpu",)
+    settings = {
+        "boot_grace_s": Setting(
+            SECONDS0, None,
+            "s after boot during which missing GPUs / NVML not ready are `unknown` "
+            "(`BootGrace`), not failed; unset: `nvlink.boot_grace_s` (300)",
+            "project: the driver may still be loading"),
+    }
+    condition = "GPUInventoryMismatch"
 
     def __init__(self) -> None:
         self._cleared = ClearTracker(self.name)

@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from checks._gpus import active_gpus
-from gpu_monitor.check import Check, Context
+from gpu_monitor.check import Check, Context, Setting
 from gpu_monitor.model import NODE, Action, Kind, Result, Status, gpu_target
+from gpu_monitor.profiles.schema import COUNT, FRACTION, POSITIVE_INT
 from gpu_monitor.workers.pool import WORKER_REASONS, DeviceRef, Outcome, Task, WorkerPool
 
 _PATTERN_MOD = 251  # pattern values 1..251; x n(n+1)/2 stays below 2**24 up to n = 364
@@ -258,6 +259,18 @@ class NcclAllreduce(Check):
     timeout = 1200.0
     reasons = ("NcclWrongData", "NcclBusBwLow", "NcclLatencyHigh", "NothingToReduce",
                "DeviceUnavailable", "NvmlReadError", *WORKER_REASONS)
+    sections = ("nccl",)
+    settings = {
+        "iterations": Setting(POSITIVE_INT, 20, "timed iterations per size",
+                              "nccl-tests `-n` default"),
+        "warmup_iterations": Setting(COUNT, 5, "iterations",
+                                     "nccl-tests (older releases' `-w` default; SuperBench 5)"),
+        "warning_band": Setting(
+            FRACTION, 0.01, "fraction",
+            "project: the floors were set at 16 GiB, the sweep stops at 2 GiB where busbw is "
+            "~1.5% lower (`nccl.large_message_min_bytes`), which would eat a 5% band on healthy "
+            "nodes"),
+    }
 
     def run(self, ctx: Context) -> Sequence[Result]:
         results, usable = active_gpus(self, ctx, "left out of the all-reduce")
@@ -281,8 +294,8 @@ class NcclAllreduce(Check):
             small_p95_latency_limit_s=_opt_float(get("small_p95_latency_limit_s")),
             warning_band=float(get("warning_band", 0.0) or 0.0),
         )
-        args = {"sizes": sizes, "iterations": int(get("iterations", 20)),
-                "warmup_iterations": int(get("warmup_iterations", 5))}
+        args = {"sizes": sizes, "iterations": int(get("iterations")),
+                "warmup_iterations": int(get("warmup_iterations"))}
         budget = float(get("timeout_s", self.timeout) or self.timeout)
         budget -= min(5.0, 0.05 * budget)  # the rest is for judging
         pool = WorkerPool(ctx.host.worker)

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from checks._gpus import poll_gpus, read_error, unidentified
-from gpu_monitor.check import Check, ClearTracker, Context
+from gpu_monitor.check import Check, ClearTracker, Context, Setting
 from gpu_monitor.hw.nvml import GpuInfo, NvmlError, NvmlErrorKind
 from gpu_monitor.model import (
     NODE,
@@ -49,6 +49,7 @@ from gpu_monitor.model import (
     gpu_target,
     nvlink_target,
 )
+from gpu_monitor.profiles.schema import POSITIVE, SECONDS
 
 COUNTERS = ("replay", "recovery", "crc_flit", "crc_data")  # ecc_data is corrected: not judged
 _Finding = tuple[Status, str, str, Action]  # status, reason, message, action
@@ -64,6 +65,14 @@ class NvlinkState(Check):
     timeout = 30.0
     reasons = ("NvlinkDown", "NvlinkErrorRate", "BootGrace", "NvmlReadError", "GpuLost",
                "NotSupported", "NoGpu")
+    sections = ("nvlink",)
+    settings = {
+        "window_s": Setting(SECONDS, 600, "s", "project"),
+        "error_rate_per_min_degraded": Setting(
+            POSITIVE, 10, "counter increase per minute",
+            "project (Imbue warns at ≥ 5 total; NVLink CRC noise is common)"),
+    }
+    condition = "GPUFabricError"
 
     def __init__(self) -> None:
         self._clear = ClearTracker(self.name)
@@ -86,9 +95,9 @@ class NvlinkState(Check):
         grace = float(ctx.setting(self.name, "boot_grace_s", 300))
         common = {"links_expected": expected, "uptime_s": uptime, "boot_grace_s": grace,
                   "in_boot_grace": uptime is not None and uptime < grace,
-                  "window_s": float(ctx.setting(self.name, "window_s", 600)),
+                  "window_s": float(ctx.setting(self.name, "window_s")),
                   "error_rate_per_min_degraded":
-                      float(ctx.setting(self.name, "error_rate_per_min_degraded", 10))}
+                      float(ctx.setting(self.name, "error_rate_per_min_degraded"))}
         results: list[Result] = []
         for gpu in gpus:
             results.extend(self._gpu(ctx, gpu, common))

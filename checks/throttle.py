@@ -39,13 +39,21 @@ Guarantees:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from checks._gpus import ABSENT, error_details, poll_gpus, read_error, unidentified
-from gpu_monitor.check import Check, ClearTracker, Context
+from gpu_monitor.check import Check, ClearTracker, Context, Setting
 from gpu_monitor.hw.nvml import GpuInfo, NvmlError, NvmlErrorKind
+from gpu_monitor.metric_families import (
+    CheckMetric,
+    LatestResult,
+    MetricsHistory,
+    Sample,
+    gpu_labels,
+)
 from gpu_monitor.model import STATUS_SEVERITY, Action, Kind, Result, Status, gpu_target
+from gpu_monitor.profiles.schema import SECONDS, Num
 
 #: nvmlClocksEventReason* bits by the name used in details and as the metrics ``event`` label.
 EVENT_BITS: dict[str, int] = {
@@ -72,6 +80,11 @@ COUNTER_EVENT = "hw_thermal_slowdown"
 # Equal severity names the specific cause before the umbrella HW slowdown bit it comes with.
 _SPECIFIC_FIRST = ("hw_thermal_slowdown", "hw_power_brake", "hw_slowdown")
 _MAX_SAMPLES = 2000  # per GPU; bounds the stored history however short the poll interval
+#: The ``event`` label of ``gpu_monitor_gpu_clock_event_active``: every current NVML clock event
+#: reason (the legacy board-limit / reliability bits are not exported).
+CLOCK_EVENTS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake", "sw_power_cap",
+                "sw_thermal_slowdown", "gpu_idle", "applications_clocks_setting",
+                "sync_boost", "display_clock_setting")
 
 
 def window_credit(samples: Sequence[Sequence[Any]], start: float, max_gap_s: float
@@ -100,6 +113,18 @@ def window_credit(samples: Sequence[Sequence[Any]], start: float, max_gap_s: flo
     return credit, observed
 
 
+def clock_event_samples(results: Sequence[LatestResult], history: MetricsHistory
+                        ) -> Iterable[Sample]:
+    """1 per clock event reason active on each GPU at its last poll, 0 for the others."""
+    for r in results:
+        labels = gpu_labels(r)
+        if labels is None or "active_events" not in r.details:
+            continue
+        active = set(r.details.get("active_events") or ())
+        for event in CLOCK_EVENTS:
+            yield (*labels, event), 1.0 if event in active else 0.0
+
+
 class Throttle(Check):
     name = "throttle"
     kinds = frozenset({Kind.PASSIVE, Kind.BOOTSTRAP})
@@ -111,6 +136,19 @@ class Throttle(Check):
     timeout = 30.0
     reasons = ("HwSlowdown", "HwThermalSlowdown", "HwPowerBrake", "NvmlReadError", "GpuLost",
                "NotSupported", "NoGpu")
+    settings = {
+        "window_s": Setting(SECONDS, 600, "s", "GPUd hw-slowdown window (10 min)"),
+        "degraded_fraction": Setting(
+            Num(0, 1, lo_open=True), 0.05,
+            "fraction of the window with HW slowdown/thermal/power brake active",
+            "project (GPUd: ≥ 0.6 events/min)", at_most="failed_fraction"),
+        "failed_fraction": Setting(Num(0, 1, lo_open=True), 0.25, "fraction", "project"),
+    }
+    condition = "GPUThermalProblem"
+    metrics = (CheckMetric("gpu_monitor_gpu_clock_event_active", "gauge",
+                           ("gpu", "uuid", "event"),
+                           "1 while the NVML clock event reason is active on the GPU.",
+                           details=("uuid", "active_events"), samples=clock_event_samples),)
 
     def __init__(self) -> None:
         self._clear = ClearTracker(self.name)
@@ -153,9 +191,9 @@ class Throttle(Check):
             if err.kind not in ABSENT:
                 counter_error = err
 
-        window = float(ctx.setting(self.name, "window_s", 600))
-        deg = float(ctx.setting(self.name, "degraded_fraction", 0.05))
-        fail = float(ctx.setting(self.name, "failed_fraction", 0.25))
+        window = float(ctx.setting(self.name, "window_s"))
+        deg = float(ctx.setting(self.name, "degraded_fraction"))
+        fail = float(ctx.setting(self.name, "failed_fraction"))
         interval = float(ctx.setting(self.name, "interval_s", self.interval) or self.interval)
         max_gap = max(3 * interval, 60.0)
         now = ctx.clock.now().timestamp()

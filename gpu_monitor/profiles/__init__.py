@@ -10,7 +10,8 @@ thresholds. The package is cut by what each part owns:
 - ``yaml_reader``: bytes to text to YAML, refusing what would hurt (``read_text``,
   ``read_yaml``);
 - ``sections``: the hardware sections' schema (``gpu``, ``nvlink``, ``pcie``, ...);
-- ``settings``: which settings each check may read, with their ``Spec`` (``declared_settings``);
+- ``settings``: which settings each check may read, gathered from the checks' declarations
+  (``Check.settings``, ``Check.sections``; ``declared_settings``);
 - ``profile_schema``: the whole profile's schema and ``validate_profile``;
 - ``nested``: the immutable nested data a profile holds;
 - ``profile``: the ``Profile`` value; ``loader``: ``load_profile``, ``match_profile``.
@@ -32,37 +33,37 @@ Guarantees, in order of importance:
 from gpu_monitor.profiles.loader import list_profiles, load_profile, match_profile
 from gpu_monitor.profiles.profile import Profile
 from gpu_monitor.profiles.profile_schema import (
-    PROFILE_SCHEMA,
     ProfileError,
     profile_keys,
+    profile_schema,
     validate_profile,
 )
 from gpu_monitor.profiles.schema import SchemaError
 from gpu_monitor.profiles.settings import (
-    CHECK_SECTIONS,
-    CHECK_SETTINGS,
     COMMON_CHECK_KEYS,
-    KNOWN_CHECKS,
     UndeclaredSetting,
+    check_sections,
+    check_settings,
     declared_settings,
+    known_checks,
     setting_spec,
 )
 
 __all__ = [
-    "CHECK_SECTIONS",
-    "CHECK_SETTINGS",
     "COMMON_CHECK_KEYS",
-    "KNOWN_CHECKS",
-    "PROFILE_SCHEMA",
     "Profile",
     "ProfileError",
     "SchemaError",
     "UndeclaredSetting",
+    "check_sections",
+    "check_settings",
     "declared_settings",
     "list_profiles",
     "load_profile",
     "match_profile",
+    "known_checks",
     "profile_keys",
+    "profile_schema",
     "setting_spec",
     "validate_profile",
 ]

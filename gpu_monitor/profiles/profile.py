@@ -16,7 +16,7 @@ from typing import Any
 from gpu_monitor.profiles.nested import deep_merge, dig, freeze, thaw
 from gpu_monitor.profiles.profile_schema import ProfileError, validate_profile
 from gpu_monitor.profiles.schema import short_repr
-from gpu_monitor.profiles.settings import CHECK_SECTIONS, setting_spec
+from gpu_monitor.profiles.settings import check_sections, setting_spec
 
 
 @dataclass(frozen=True, eq=False)
@@ -51,13 +51,13 @@ class Profile:
 
     def check_setting(self, check: str, key: str) -> Any:
         """``checks.<check>.<key>``, else the key in the check's hardware section(s)
-        (``CHECK_SECTIONS``), else the profile-wide ``warning_band``; None when unset.
+        (``Check.sections``), else the profile-wide ``warning_band``; None when unset.
         ``UndeclaredSetting`` when ``key`` is not declared for ``check``."""
         setting_spec(check, key)
         block = dig(self.data, f"checks.{check}")
         if isinstance(block, Mapping) and block.get(key) is not None:
             return block[key]
-        for section in CHECK_SECTIONS.get(check, ()):
+        for section in check_sections(check):
             value = dig(self.data, f"{section}.{key}")
             if value is not None:
                 return value

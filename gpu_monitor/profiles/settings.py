@@ -1,4 +1,9 @@
-"""Which settings each check may read, with their types: one ``Spec`` per key.
+"""Which settings each check may read, composed from the checks' own declarations.
+
+A check declares its settings on its class (``Check.settings``: one ``Setting`` per key, with
+its ``Spec``, default, meaning and source) and the profile sections it is judged against
+(``Check.sections``); this module only gathers them, from the registry of built-in checks and
+the other things that take settings (the fabric probe), so no table here names a check.
 
 A check reads its thresholds through ``Context.setting(check, key)``; the key must be declared
 for that check, or the read raises ``UndeclaredSetting`` (a programming error, not a default),
@@ -6,32 +11,20 @@ because no file could ever set an undeclared key and its value would never have 
 type-checked. A check's declared settings are the keys every check block may hold
 (``COMMON_CHECK_KEYS``), its own keys and the keys of the hardware sections it is judged
 against (its own win).
+
+Composed on first use, not at import: the checks import this package's schema library, so the
+package cannot import the checks while it loads.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+from typing import Any, Protocol
 
-from gpu_monitor.profiles.schema import (
-    BYTES,
-    COUNT,
-    FRACTION,
-    POSITIVE,
-    POSITIVE_INT,
-    SECONDS,
-    SECONDS0,
-    Any_,
-    Bool,
-    Int,
-    List,
-    Map,
-    Nullable,
-    Num,
-    Spec,
-    Str,
-    suggest,
-)
-from gpu_monitor.profiles.sections import DTYPE, DTYPES, SECTIONS
+from gpu_monitor.profiles.schema import FRACTION, SECONDS, Any_, Bool, Map, Spec, suggest
+from gpu_monitor.profiles.sections import SECTIONS
 
 
 class UndeclaredSetting(LookupError):
@@ -43,8 +36,16 @@ class UndeclaredSetting(LookupError):
         self.check, self.key = check, key
         hint = suggest(key, declared)
         super().__init__(f"check {check!r} reads setting {key!r}, which is not declared "
-                         f"(declare it in gpu_monitor/profiles CHECK_SETTINGS)"
+                         f"(declare it in the check's settings)"
                          + (f"; did you mean {hint!r}?" if hint else ""))
+
+
+class Declaration(Protocol):
+    """What declares settings: a check class, or the fabric probe's declaration."""
+
+    name: str
+    settings: Mapping[str, Any]  # key -> gpu_monitor.check.Setting
+    sections: tuple[str, ...]
 
 
 # Keys every check block may hold.
@@ -57,151 +58,73 @@ COMMON_CHECK_KEYS: dict[str, Spec] = {
     "required": Bool(),
 }
 
-# Per-check settings (profile ``checks.<name>.<key>``), one ``Spec`` per key: the type and
-# domain a check may rely on. docs/configuration.md lists each one; a test scans every
-# ``ctx.setting(...)`` call in the code and holds this table complete.
-CHECK_SETTINGS: dict[str, dict[str, Spec]] = {
-    "inventory": {
-        "boot_grace_s": SECONDS0,
-    },
-    "burn_in": {
-        "duration_s": SECONDS,
-        "min_fraction_of_peak": Num(0, 1, lo_open=True),
-        "median_tolerance": Num(0, 1, hi_open=True),
-        "dtypes": List(DTYPE, min_len=1),
-        "matrix_size": Int(16),
-        "max_temp_celsius": POSITIVE,
-        "reference_block": Int(1),
-        "reference_interval_s": SECONDS,
-        "reference_tolerance": Map({d: POSITIVE for d in DTYPES}, doc="a mapping dtype -> tolerance"),
-    },
-    "nvlink_peer": {
-        "copy_bytes": BYTES,
-        "repeats": POSITIVE_INT,
-        "error_increase_degraded": POSITIVE_INT,
-        "error_increase_failed": POSITIVE_INT,
-    },
-    "nccl_allreduce": {
-        "iterations": POSITIVE_INT,
-        "warmup_iterations": COUNT,
-    },
-    "ecc_memory": {
-        "remap_low_banks_degraded": POSITIVE_INT,
-        "remap_low_banks_failed": POSITIVE_INT,
-        "remap_none_banks_degraded": POSITIVE_INT,
-        "remap_none_banks_failed": POSITIVE_INT,
-        "corrected_total_degraded": POSITIVE_INT,
-        "corrected_total_failed": POSITIVE_INT,
-        "retired_pages_limit": COUNT,
-    },
-    "pcie": {
-        "copy_bytes": BYTES,
-        "repeats": POSITIVE_INT,
-        "replay_increase_degraded": POSITIVE_INT,
-        "copy_timeout_s": SECONDS,
-    },
-    "rdma_loopback": {
-        "use_cuda": Bool(),
-        "iterations": POSITIVE_INT,
-        "tcp_port_base": Int(1024, 65535),
-        "gid_index": Nullable(COUNT),
-        "run_timeout_s": SECONDS,
-        "server_start_s": SECONDS,
-        "connect_retries": COUNT,
-        "server_exit_s": SECONDS,
-    },
-    "dcgm_diag": {
-        "host": Nullable(Str(what="a DCGM host engine address such as 'localhost:5555'")),
-        "parameters": Nullable(Str(what="dcgmi diag -p parameters")),
-    },
-    "sdc_probe": {
-        "seed": COUNT,
-        "batch_size": POSITIVE_INT,
-        "hidden_size": POSITIVE_INT,
-        "layers": POSITIVE_INT,
-        "reference_path": Nullable(Str(what="a file path")),
-    },
-    "xid": {
-        "app_xid_repeat_count": POSITIVE_INT,
-        "app_xid_window_s": SECONDS,
-        "app_xid_dedup_s": SECONDS0,
-        "replace_after_resets": POSITIVE_INT,
-        "replay_max_age_s": SECONDS,
-    },
-    "nvswitch": {
-        "nonfatal_window_s": SECONDS,
-    },
-    "throttle": {
-        "window_s": SECONDS,
-        "degraded_fraction": Num(0, 1, lo_open=True),
-        "failed_fraction": Num(0, 1, lo_open=True),
-    },
-    "nvlink_state": {
-        "window_s": SECONDS,
-        "error_rate_per_min_degraded": POSITIVE,
-    },
-    "rdma_ports": {
-        "window_s": SECONDS,
-        "downtime_budget_s": SECONDS,
-        "downtime_warning_fraction": Num(0, 1, lo_open=True),
-        "nccl_ib_timeout": Int(1, 31),
-        "nccl_ib_retry_cnt": Int(0, 7),
-        "boot_grace_s": SECONDS0,
-    },
-    "pcie_aer": {
-        "window_s": SECONDS,
-        "correctable_per_min_degraded": POSITIVE,
-        "boot_grace_s": SECONDS0,
-    },
-    "temperature": {
-        "gradient_limit_celsius": POSITIVE,
-        "peer_deviation_celsius": POSITIVE,
-    },
-    "fabric_probe": {
-        "iterations": POSITIVE_INT,
-        "warmup_iterations": COUNT,
-    },
-}
-KNOWN_CHECKS = frozenset(CHECK_SETTINGS)
 
-# Where ``check_setting`` looks after ``checks.<check>``: the hardware sections the check is
-# judged against, so ``ctx.setting("nccl_allreduce", "allreduce_busbw_floor_gb_per_s")`` works
-# and a config ``checks.nccl_allreduce`` entry can override a section value for one check.
-CHECK_SECTIONS: dict[str, tuple[str, ...]] = {
-    "inventory": ("gpu",),
-    "burn_in": ("gpu",),
-    "temperature": ("gpu",),
-    "nvlink_peer": ("nvlink",),
-    "nvlink_state": ("nvlink",),
-    "nvswitch": ("nvlink",),
-    "pcie": ("pcie",),
-    "pcie_aer": ("pcie",),
-    "rdma_loopback": ("rdma",),
-    "rdma_ports": ("rdma",),
-    "nccl_allreduce": ("nccl",),
-    "fabric_probe": ("fabric", "nccl"),
-    "dcgm_diag": ("dcgm",),
-}
+@functools.cache
+def declarations() -> Mapping[str, Declaration]:
+    """Every declaration by name, in the registry's order (the bootstrap suite's)."""
+    from gpu_monitor.registry import setting_declarations
+
+    return MappingProxyType({d.name: d for d in setting_declarations()})
+
+
+def known_checks() -> frozenset[str]:
+    """The names whose settings the schema knows (the built-in checks, ``fabric_probe``)."""
+    return frozenset(declarations())
+
+
+@functools.cache
+def check_settings() -> Mapping[str, Mapping[str, Spec]]:
+    """Each known check's own settings (``checks.<name>.<key>``), one ``Spec`` per key."""
+    return MappingProxyType({
+        name: MappingProxyType({key: s.spec for key, s in d.settings.items()})
+        for name, d in declarations().items()})
+
+
+def check_sections(check: str) -> tuple[str, ...]:
+    """Where ``Profile.check_setting`` looks after ``checks.<check>``: the hardware sections
+    the check is judged against, so ``ctx.setting("nccl_allreduce",
+    "allreduce_busbw_floor_gb_per_s")`` works and a config ``checks.nccl_allreduce`` entry can
+    override a section value for one check."""
+    d = declarations().get(check)
+    return tuple(d.sections) if d is not None else ()
+
+
+def setting_defaults(check: str) -> dict[str, Any]:
+    """The declared defaults of ``check``'s own settings (keys without one are left out)."""
+    d = declarations().get(check)
+    if d is None:
+        return {}
+    return {key: s.default for key, s in d.settings.items() if s.default is not None}
+
+
+def ordered_settings() -> list[tuple[str, str]]:
+    """Pairs of dotted keys (``checks.throttle.degraded_fraction``,
+    ``checks.throttle.failed_fraction``) whose first may not exceed the second."""
+    return [(f"checks.{name}.{key}", f"checks.{name}.{s.at_most}")
+            for name, d in declarations().items() for key, s in d.settings.items()
+            if s.at_most]
 
 
 def check_block_spec(check: str, extra: Spec | None = None) -> Map:
     """The schema of one ``checks.<check>`` block (``extra`` admits unknown keys)."""
-    return Map({**COMMON_CHECK_KEYS, **CHECK_SETTINGS.get(check, {})}, extra=extra,
+    return Map({**COMMON_CHECK_KEYS, **check_settings().get(check, {})}, extra=extra,
                doc=f"a mapping of {check} settings")
 
 
+@functools.cache
 def declared_settings(check: str) -> Mapping[str, Spec] | None:
-    """Every setting ``check`` may read, with its Spec: the common keys, its own
-    ``CHECK_SETTINGS`` and the keys of its ``CHECK_SECTIONS`` (its own win). None for a check
-    the schema does not know (a plugin: its settings are free-form)."""
-    if check not in CHECK_SETTINGS:
+    """Every setting ``check`` may read, with its Spec: the common keys, its own settings and
+    the keys of its sections (its own win). None for a check the schema does not know (a
+    plugin: its settings are free-form)."""
+    own = check_settings().get(check)
+    if own is None:
         return None
     out: dict[str, Spec] = {}
-    for section in reversed(CHECK_SECTIONS.get(check, ())):
+    for section in reversed(check_sections(check)):
         out.update(SECTIONS[section].fields)
     out.update(COMMON_CHECK_KEYS)
-    out.update(CHECK_SETTINGS[check])
-    return out
+    out.update(own)
+    return MappingProxyType(out)
 
 
 def setting_spec(check: str, key: str) -> Spec:
