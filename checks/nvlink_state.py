@@ -63,7 +63,7 @@ class NvlinkState(Check):
     required = True
     interval = 10.0
     timeout = 30.0
-    reasons = ("NvlinkDown", "NvlinkErrorRate", "BootGrace", "NvmlReadError", "GpuLost",
+    reasons = ("NvLinkDown", "NvLinkErrorRate", "BootGrace", "NvmlReadError", "GpuLost",
                "NotSupported", "NoGpu")
     sections = ("nvlink",)
     settings = {
@@ -162,12 +162,12 @@ class NvlinkState(Check):
                 links[link] = ((Status.UNKNOWN, "BootGrace", f"{what} during the boot grace "
                                 "(links may still be training)", Action.NONE)
                                if common["in_boot_grace"]
-                               else (Status.FAILED, "NvlinkDown", what, Action.RESET_GPU))
+                               else (Status.FAILED, "NvLinkDown", what, Action.RESET_GPU))
             else:
                 hot = {c: r for c, r in rates.get(link, {}).items() if r >= limit}
                 if hot:
                     text = ", ".join(f"{c} {r:g}/min" for c, r in hot.items())
-                    links[link] = (Status.DEGRADED, "NvlinkErrorRate",
+                    links[link] = (Status.DEGRADED, "NvLinkErrorRate",
                                    f"error rate {text} >= {limit:g}/min", Action.WATCH)
         details = {
             **base, "links_found": len(states),
