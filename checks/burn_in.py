@@ -30,8 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from checks._gpus import active_gpus
-from gpu_monitor.check import Check, Context, Finding, Setting
-from gpu_monitor.check import worst as worst_of
+from gpu_monitor.check import Check, Context, Finding, Setting, worst
 from gpu_monitor.hw.nvml import NvmlError
 from gpu_monitor.model import NODE, Action, Kind, Result, Status, gpu_target
 from gpu_monitor.profiles.schema import POSITIVE, SECONDS, Int, List, Map, Num
@@ -46,9 +45,9 @@ _PRIORITY = ("BurnInMismatch", "BurnInReferenceMismatch", "WorkerDeviceMismatch"
              "BurnInTelemetryError")
 
 
-def worst(findings: Sequence[Finding]) -> Finding | None:
+def headline_finding(findings: Sequence[Finding]) -> Finding | None:
     """The finding a device's one result shows (most serious, then burn-in's priority)."""
-    return worst_of(findings, _PRIORITY)
+    return worst(findings, _PRIORITY)
 
 
 # --- the worker (runs in a subprocess; torch only here) ---------------------------------------
@@ -213,7 +212,7 @@ class Limits:
     reference_tolerance: Mapping[str, float]
 
 
-def judge(measured: Mapping[int, Mapping[str, Any]], telemetry: Mapping[int, DeviceTelemetry],
+def burn_findings(measured: Mapping[int, Mapping[str, Any]], telemetry: Mapping[int, DeviceTelemetry],
           limits: Limits) -> tuple[dict[int, list[Finding]], list[Finding], dict[str, Any]]:
     """Findings per device index, node findings, and the node's summary numbers."""
     per: dict[int, list[Finding]] = {i: [] for i in measured}
@@ -354,7 +353,7 @@ class BurnIn(Check):
                             on_tick=telemetry.sample)
         wall = time.monotonic() - started
         measured = {o.task.devices[0].index: o.value for o in outcomes if o.ok and o.value}
-        per, node, summary = judge(measured, telemetry.devices, s["limits"])
+        per, node, summary = burn_findings(measured, telemetry.devices, s["limits"])
         table = {gpu_target(i): {dt: round(r["tflops"], 6) for dt, r in m["dtypes"].items()}
                  for i, m in sorted(measured.items())}
         common = {"median_tflops": summary["median_tflops"],
@@ -376,7 +375,7 @@ class BurnIn(Check):
         if len(measured) < 2:
             node_details["note"] = ("fewer than two devices measured: no cross-device "
                                     "comparison, only the fp64 reference")
-        top = worst(node)
+        top = headline_finding(node)
         if top is not None:
             results.append(self.result(ctx, top.status, NODE, top.reason, top.message,
                                        node_details, top.action))
@@ -406,7 +405,7 @@ class BurnIn(Check):
             details["fingerprint"] = {dt: r["fingerprint"] for dt, r in runs.items()}
             details["reference_error"] = {dt: r["reference_error"] for dt, r in runs.items()}
             details["iterations"] = {dt: r["iterations"] for dt, r in runs.items()}
-        top = worst(findings)
+        top = headline_finding(findings)
         if top is None:
             rates = ", ".join(f"{dt} {v:.4g}" for dt, v in details.get("tflops", {}).items())
             return self.ok(ctx, target, f"{target}: {rates} TFLOP/s, results match", details)

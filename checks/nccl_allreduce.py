@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from checks._gpus import active_gpus
-from gpu_monitor.check import Check, Context, Setting
+from gpu_monitor.check import Check, Context, Finding, Setting
 from gpu_monitor.model import NODE, Action, Kind, Result, Status, gpu_target
 from gpu_monitor.profiles.schema import COUNT, FRACTION, POSITIVE_INT
 from gpu_monitor.workers.pool import WORKER_REASONS, DeviceRef, Outcome, Task, WorkerPool
@@ -188,17 +188,11 @@ class Limits:
     warning_band: float
 
 
-@dataclass(frozen=True)
-class Finding:
-    status: Status
-    target: str
-    reason: str
-    message: str
-    action: Action = Action.NONE
-
-
-def judge(rows: Sequence[Mapping[str, Any]], suspects: Sequence[int] | None,
-          wrong_ranks: Sequence[int], limits: Limits) -> list[Finding]:
+def sweep_findings(rows: Sequence[Mapping[str, Any]], suspects: Sequence[int] | None,
+                   wrong_ranks: Sequence[int], limits: Limits) -> list[Finding]:
+    """What the sweep's table shows: wrong sums (on the suspect devices, else the node), bus
+    bandwidth at the large sizes below or near the floor, p95 latency of the small ones above
+    the limit."""
     findings: list[Finding] = []
     wrong = sum(r["wrong"] for r in rows)
     if wrong:
@@ -206,14 +200,14 @@ def judge(rows: Sequence[Mapping[str, Any]], suspects: Sequence[int] | None,
         if suspects:
             for k in suspects:
                 findings.append(Finding(
-                    Status.FAILED, gpu_target(k), "NcclWrongData",
+                    Status.FAILED, "NcclWrongData",
                     f"all-reduce sums were wrong ({wrong} wrong values, first at {first} B); "
                     f"the data {gpu_target(k)} contributes arrives wrong at its peers",
-                    Action.REPLACE))
+                    Action.REPLACE, target=gpu_target(k)))
         else:
             names = ", ".join(gpu_target(k) for k in wrong_ranks) or "every rank"
             findings.append(Finding(
-                Status.FAILED, NODE, "NcclWrongData",
+                Status.FAILED, "NcclWrongData",
                 f"all-reduce sums were wrong ({wrong} wrong values, first at {first} B) on "
                 f"{names}; no single device's contribution was wrong", Action.REPLACE))
     if not rows:
@@ -225,12 +219,12 @@ def judge(rows: Sequence[Mapping[str, Any]], suspects: Sequence[int] | None,
         bw = low["busbw_gb_per_s"]
         if bw < floor:
             findings.append(Finding(
-                Status.FAILED, NODE, "NcclBusBwLow",
+                Status.FAILED, "NcclBusBwLow",
                 f"busbw {bw:.4g} GB/s at {low['bytes']} B is below the floor {floor:g} GB/s",
                 Action.WATCH))
         elif bw < floor * (1.0 + limits.warning_band):
             findings.append(Finding(
-                Status.DEGRADED, NODE, "NcclBusBwLow",
+                Status.DEGRADED, "NcclBusBwLow",
                 f"busbw {bw:.4g} GB/s at {low['bytes']} B is within {limits.warning_band:g} "
                 f"of the floor {floor:g} GB/s", Action.WATCH))
     limit = limits.small_p95_latency_limit_s
@@ -239,7 +233,7 @@ def judge(rows: Sequence[Mapping[str, Any]], suspects: Sequence[int] | None,
         slow = max(small, key=lambda r: r["p95_s"])
         if slow["p95_s"] > limit:
             findings.append(Finding(
-                Status.FAILED, NODE, "NcclLatencyHigh",
+                Status.FAILED, "NcclLatencyHigh",
                 f"p95 latency {slow['p95_s'] * 1e6:.1f} us at {slow['bytes']} B is above the "
                 f"limit {limit * 1e6:.1f} us", Action.WATCH))
     return findings
@@ -316,7 +310,7 @@ class NcclAllreduce(Check):
                        if any(r["wrong"] for r in v["rows"])]
         # Ranks are positions in ``refs``; targets are NVML indices.
         suspects = None if suspects is None else [refs[k].index for k in suspects]
-        findings = judge(rows, suspects, wrong_ranks, limits)
+        findings = sweep_findings(rows, suspects, wrong_ranks, limits)
         details = {**base, "backend": values[0].get("backend"), "table": _rounded(rows),
                    "mode": "concurrent (one process per device)"}
         diagnosis = {"suspects": suspects,
