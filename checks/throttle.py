@@ -170,59 +170,25 @@ class Throttle(Check):
     # --- one GPU ---------------------------------------------------------------------------
 
     def _judge(self, ctx: Context, gpu: GpuInfo, hist: dict[str, dict[str, Any]]) -> Result:
-        nvml = ctx.host.nvml
+        """One GPU: read its clock events, add the sample to its window, judge the window."""
         target = gpu_target(gpu.index)
         base: dict[str, Any] = {"uuid": gpu.uuid}
         unread = unidentified(self, ctx, gpu, base, "clock events")
         if unread is not None:
             return unread
-        try:
-            mask = nvml.clock_event_reasons(gpu.index)
-        except NvmlError as err:
-            return read_error(self, ctx, target, base, err, "clock event reasons")
-        thermal_ns: int | None = None
-        counter_error: NvmlError | None = None
-        try:
-            thermal_ns = nvml.violation_ns(gpu.index, "thermal").violation_ns
-        except NvmlError as err:
-            if err.kind is NvmlErrorKind.GPU_LOST:
-                return read_error(self, ctx, target, base, err, "violation time")
-            base["violation_counter_error"] = str(err)
-            if err.kind not in ABSENT:
-                counter_error = err
-
+        read = self._read(ctx, gpu, target, base)
+        if isinstance(read, Result):
+            return read
+        mask, thermal_ns, counter_error = read
         window = float(ctx.setting(self.name, "window_s"))
         deg = float(ctx.setting(self.name, "degraded_fraction"))
         fail = float(ctx.setting(self.name, "failed_fraction"))
         interval = float(ctx.setting(self.name, "interval_s", self.interval) or self.interval)
         max_gap = max(3 * interval, 60.0)
-        now = ctx.clock.now().timestamp()
-        entry = hist.get(str(gpu.index))
-        if entry is None or entry.get("uuid") != gpu.uuid:
-            entry = {"uuid": gpu.uuid, "samples": []}
-        # A sample from the future (the clock stepped back) cannot bound an interval.
-        samples = [s for s in entry["samples"] if s[0] < now]
-        samples.append([round(now, 3), mask, thermal_ns])
-        older = [i for i, s in enumerate(samples) if s[0] < now - window]
-        samples = samples[older[-1]:] if older else samples
-        entry["samples"] = samples[-_MAX_SAMPLES:]
-        hist[str(gpu.index)] = entry
-        credit, observed = window_credit(entry["samples"], now - window, max_gap)
-
+        credit, observed = _add_sample(ctx, gpu, hist, [mask, thermal_ns], window, max_gap)
         mode = ("instantaneous" if observed <= 0
                 else "partial" if observed < window - max_gap else "sliding")
-        findings: list[tuple[Status, str]] = []
-        for event in FAULT_EVENTS:
-            active_now = bool(mask & EVENT_BITS[event])
-            fraction = credit[event] / window
-            status = (Status.FAILED if fraction >= fail and mode != "instantaneous"
-                      else Status.DEGRADED if fraction >= deg and mode != "instantaneous"
-                      else Status.OK)
-            if status is Status.OK and active_now and mode != "sliding":
-                status = Status.DEGRADED
-            findings.append((status, event))
-        status, event = max(findings, key=lambda f: (STATUS_SEVERITY[f[0]],
-                                                     -_SPECIFIC_FIRST.index(f[1])))
+        status, event = _worst_event(mask, credit, mode, window, deg, fail)
         active = [name for name, bit in EVENT_BITS.items() if mask & bit]
         details = {
             **base,
@@ -251,12 +217,41 @@ class Throttle(Check):
             note = f"; not faults: {', '.join(others)}" if others else ""
             return self.ok(ctx, target, f"no HW slowdown over {_span(mode, observed)}{note}",
                            details)
+        return self._finding(ctx, target, status, event, credit[event], observed, details)
+
+    def _read(self, ctx: Context, gpu: GpuInfo, target: str, base: dict[str, Any]
+              ) -> Result | tuple[int, int | None, NvmlError | None]:
+        """The clock event bitmask and the thermal violation counter (None: not read, and the
+        error when that is not the driver lacking it); a Result when the GPU cannot be judged.
+        A counter error other than a lost GPU is noted in ``base``."""
+        nvml = ctx.host.nvml
+        try:
+            mask = nvml.clock_event_reasons(gpu.index)
+        except NvmlError as err:
+            return read_error(self, ctx, target, base, err, "clock event reasons")
+        thermal_ns: int | None = None
+        counter_error: NvmlError | None = None
+        try:
+            thermal_ns = nvml.violation_ns(gpu.index, "thermal").violation_ns
+        except NvmlError as err:
+            if err.kind is NvmlErrorKind.GPU_LOST:
+                return read_error(self, ctx, target, base, err, "violation time")
+            base["violation_counter_error"] = str(err)
+            if err.kind not in ABSENT:
+                counter_error = err
+        return mask, thermal_ns, counter_error
+
+    def _finding(self, ctx: Context, target: str, status: Status, event: str, credit_s: float,
+                 observed: float, details: dict[str, Any]) -> Result:
+        """The GPU's degraded or failed result for its worst fault event."""
+        mode, window = details["window"], details["window_s"]
+        deg, fail = details["degraded_fraction"], details["failed_fraction"]
         if mode == "instantaneous":
             message = (f"{event} active now on {target} (instantaneous sample, no history: a "
                        "window is needed to tell a blip from a sustained slowdown)")
         else:
-            message = (f"{event} active {credit[event]:.0f} s of the last {window:.0f} s on "
-                       f"{target} ({credit[event] / window:.1%}; degraded at {deg:.0%}, failed "
+            message = (f"{event} active {credit_s:.0f} s of the last {window:.0f} s on "
+                       f"{target} ({credit_s / window:.1%}; degraded at {deg:.0%}, failed "
                        f"at {fail:.0%}; {mode} window, {observed:.0f} s observed)")
         action = Action.REPLACE if status is Status.FAILED else Action.WATCH
         return self.result(ctx, status, target, FAULT_EVENTS[event], message, details, action)
@@ -276,6 +271,42 @@ class Throttle(Check):
                 self._hist[str(key)] = {"uuid": entry.get("uuid") if good else None,
                                         "samples": sorted(good, key=lambda s: s[0])}
         return self._hist
+
+
+def _add_sample(ctx: Context, gpu: GpuInfo, hist: dict[str, dict[str, Any]],
+                reading: list[Any], window: float, max_gap: float
+                ) -> tuple[dict[str, float], float]:
+    """Append ``[now, *reading]`` to the GPU's window (a new UUID starts a new one), drop what
+    fell out of it, and credit each fault event over it (``window_credit``)."""
+    now = ctx.clock.now().timestamp()
+    entry = hist.get(str(gpu.index))
+    if entry is None or entry.get("uuid") != gpu.uuid:
+        entry = {"uuid": gpu.uuid, "samples": []}
+    # A sample from the future (the clock stepped back) cannot bound an interval.
+    samples = [s for s in entry["samples"] if s[0] < now]
+    samples.append([round(now, 3), *reading])
+    older = [i for i, s in enumerate(samples) if s[0] < now - window]
+    samples = samples[older[-1]:] if older else samples
+    entry["samples"] = samples[-_MAX_SAMPLES:]
+    hist[str(gpu.index)] = entry
+    return window_credit(entry["samples"], now - window, max_gap)
+
+
+def _worst_event(mask: int, credit: dict[str, float], mode: str, window: float, deg: float,
+                 fail: float) -> tuple[Status, str]:
+    """Each fault event's status from its share of the window (an event active now keeps at
+    least ``degraded`` until the window is fully observed); the worst, the specific first."""
+    findings: list[tuple[Status, str]] = []
+    for event in FAULT_EVENTS:
+        active_now = bool(mask & EVENT_BITS[event])
+        fraction = credit[event] / window
+        status = (Status.FAILED if fraction >= fail and mode != "instantaneous"
+                  else Status.DEGRADED if fraction >= deg and mode != "instantaneous"
+                  else Status.OK)
+        if status is Status.OK and active_now and mode != "sliding":
+            status = Status.DEGRADED
+        findings.append((status, event))
+    return max(findings, key=lambda f: (STATUS_SEVERITY[f[0]], -_SPECIFIC_FIRST.index(f[1])))
 
 
 def _valid_sample(s: Any) -> bool:
