@@ -15,6 +15,7 @@ from checks.nvlink_state import NvlinkState
 from checks.nvswitch import NvSwitch
 from checks.pcie import Pcie
 from checks.pcie_aer import PcieAer
+from checks.power import Power
 from checks.rdma_loopback import RdmaLoopback
 from checks.rdma_ports import RdmaPorts
 from checks.sdc_probe import SdcProbe
@@ -31,6 +32,7 @@ ALL_CHECKS = (
     NvlinkState,
     Throttle,
     Temperature,
+    Power,
     EccMemory,
     Pcie,
     NvlinkPeer,

@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from checks._gpus import active_gpus
-from gpu_monitor.check import Check, Context, Finding
-from gpu_monitor.check import worst as worst_of
+from gpu_monitor.check import Check, Context, Finding, Setting, worst
 from gpu_monitor.hw.nvml import NvmlError
 from gpu_monitor.model import NODE, Action, Kind, Result, Status, gpu_target
+from gpu_monitor.profiles.schema import POSITIVE, SECONDS, Int, List, Map, Num
+from gpu_monitor.profiles.sections import DTYPE, DTYPES
 from gpu_monitor.workers.pool import WORKER_REASONS, DeviceRef, Outcome, Task, WorkerPool
 
 SEED = 1234
@@ -44,9 +45,9 @@ _PRIORITY = ("BurnInMismatch", "BurnInReferenceMismatch", "WorkerDeviceMismatch"
              "BurnInTelemetryError")
 
 
-def worst(findings: Sequence[Finding]) -> Finding | None:
+def headline_finding(findings: Sequence[Finding]) -> Finding | None:
     """The finding a device's one result shows (most serious, then burn-in's priority)."""
-    return worst_of(findings, _PRIORITY)
+    return worst(findings, _PRIORITY)
 
 
 # --- the worker (runs in a subprocess; torch only here) ---------------------------------------
@@ -211,7 +212,7 @@ class Limits:
     reference_tolerance: Mapping[str, float]
 
 
-def judge(measured: Mapping[int, Mapping[str, Any]], telemetry: Mapping[int, DeviceTelemetry],
+def burn_findings(measured: Mapping[int, Mapping[str, Any]], telemetry: Mapping[int, DeviceTelemetry],
           limits: Limits) -> tuple[dict[int, list[Finding]], list[Finding], dict[str, Any]]:
     """Findings per device index, node findings, and the node's summary numbers."""
     per: dict[int, list[Finding]] = {i: [] for i in measured}
@@ -300,6 +301,36 @@ class BurnIn(Check):
     reasons = ("BurnInMismatch", "BurnInReferenceMismatch", "BurnInSlow", "BurnInThrottled",
                "BurnInHot", "BurnInTelemetryError", "DeviceUnavailable", "NvmlReadError",
                *WORKER_REASONS)
+    sections = ("gpu",)
+    settings = {
+        "duration_s": Setting(SECONDS, 60, "s of measuring per device, split over the dtypes",
+                              "SPEC-CHECKS"),
+        "min_fraction_of_peak": Setting(
+            Num(0, 1, lo_open=True), 0.55, "fraction of `gpu.peak_tflops`",
+            "project: cuBLAS at 8192² reaches well under the spec-sheet peak, more so on "
+            "power-limited H100; the floor catches a GPU at half speed, the median rule catches "
+            "the rest"),
+        "median_tolerance": Setting(Num(0, 1, hi_open=True), 0.10,
+                                    "fraction below the node's median GPU",
+                                    "SPEC-CHECKS (\"within X% of the node's median\")"),
+        "dtypes": Setting(List(DTYPE, min_len=1), ("bf16", "tf32"),
+                          "list of `bf16`, `fp16`, `tf32`, `fp32`, `fp64`", "SPEC-CHECKS"),
+        "matrix_size": Setting(Int(16), 8192, "elements per side",
+                               "gpu-burn `SIZE`, DCGM diagnostic `matrix_dim`"),
+        "max_temp_celsius": Setting(POSITIVE, 85, "°C",
+                                    "DCGM stress plugins' fallback limit (85 °C); Meta GCM "
+                                    "example 84"),
+        "reference_block": Setting(Int(1), 128, "elements per side of the fp64-checked block",
+                                   "project"),
+        "reference_interval_s": Setting(SECONDS, 10, "s between fp64 reference checks",
+                                        "project"),
+        "reference_tolerance": Setting(
+            Map({d: POSITIVE for d in DTYPES}, doc="a mapping dtype -> tolerance"),
+            {"bf16": 0.02, "fp16": 0.01, "tf32": 0.01, "fp32": 1.0e-4, "fp64": 1.0e-9},
+            "relative error per dtype",
+            "project: bf16 keeps 8 mantissa bits (2^-8 ≈ 0.4%), tf32 10 bits"),
+    }
+    condition = "GPUDiagnosticsFailed"
 
     def run(self, ctx: Context) -> Sequence[Result]:
         nvml = ctx.host.nvml
@@ -322,7 +353,7 @@ class BurnIn(Check):
                             on_tick=telemetry.sample)
         wall = time.monotonic() - started
         measured = {o.task.devices[0].index: o.value for o in outcomes if o.ok and o.value}
-        per, node, summary = judge(measured, telemetry.devices, s["limits"])
+        per, node, summary = burn_findings(measured, telemetry.devices, s["limits"])
         table = {gpu_target(i): {dt: round(r["tflops"], 6) for dt, r in m["dtypes"].items()}
                  for i, m in sorted(measured.items())}
         common = {"median_tflops": summary["median_tflops"],
@@ -344,7 +375,7 @@ class BurnIn(Check):
         if len(measured) < 2:
             node_details["note"] = ("fewer than two devices measured: no cross-device "
                                     "comparison, only the fp64 reference")
-        top = worst(node)
+        top = headline_finding(node)
         if top is not None:
             results.append(self.result(ctx, top.status, NODE, top.reason, top.message,
                                        node_details, top.action))
@@ -374,7 +405,7 @@ class BurnIn(Check):
             details["fingerprint"] = {dt: r["fingerprint"] for dt, r in runs.items()}
             details["reference_error"] = {dt: r["reference_error"] for dt, r in runs.items()}
             details["iterations"] = {dt: r["iterations"] for dt, r in runs.items()}
-        top = worst(findings)
+        top = headline_finding(findings)
         if top is None:
             rates = ", ".join(f"{dt} {v:.4g}" for dt, v in details.get("tflops", {}).items())
             return self.ok(ctx, target, f"{target}: {rates} TFLOP/s, results match", details)
@@ -393,25 +424,25 @@ def _budget(ctx: Context, name: str, default: float) -> float:
 
 
 def _settings(ctx: Context) -> dict[str, Any]:
-    def get(key: str, default: Any) -> Any:
-        return ctx.setting("burn_in", key, default)
+    def get(key: str) -> Any:
+        return ctx.setting("burn_in", key)
 
-    dtypes = [str(d) for d in get("dtypes", ["bf16", "tf32"])]
-    max_temp = get("max_temp_celsius", None)
+    dtypes = [str(d) for d in get("dtypes")]
+    max_temp = get("max_temp_celsius")
     return {
-        "duration_s": float(get("duration_s", 60.0)),
+        "duration_s": float(get("duration_s")),
         "dtypes": dtypes,
-        "matrix_size": int(get("matrix_size", 8192)),
-        "reference_block": int(get("reference_block", 128)),
-        "reference_interval_s": float(get("reference_interval_s", 10.0)),
+        "matrix_size": int(get("matrix_size")),
+        "reference_block": int(get("reference_block")),
+        "reference_interval_s": float(get("reference_interval_s")),
         "limits": Limits(
-            min_fraction_of_peak=float(get("min_fraction_of_peak", 0.7)),
-            median_tolerance=float(get("median_tolerance", 0.10)),
-            warning_band=float(get("warning_band", 0.0) or 0.0),
+            min_fraction_of_peak=float(get("min_fraction_of_peak")),
+            median_tolerance=float(get("median_tolerance")),
+            warning_band=float(get("warning_band") or 0.0),
             max_temp_celsius=None if max_temp is None else float(max_temp),
-            peak_tflops={str(k): float(v) for k, v in (get("peak_tflops", {}) or {}).items()},
+            peak_tflops={str(k): float(v) for k, v in (get("peak_tflops") or {}).items()},
             reference_tolerance={str(k): float(v) for k, v in
-                                 (get("reference_tolerance", {}) or {}).items()},
+                                 (get("reference_tolerance") or {}).items()},
         ),
     }
 

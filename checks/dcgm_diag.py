@@ -31,10 +31,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gpu_monitor.check import Check, Context
+from gpu_monitor.check import Check, Context, Setting
 from gpu_monitor.hw import dcgm
 from gpu_monitor.hw.dcgm import DcgmParseError, DiagResult, DiagStatus, worst
 from gpu_monitor.model import NODE, Action, Kind, Result, Status, gpu_target
+from gpu_monitor.profiles.schema import Nullable, Str
 
 # Seconds dcgmi may take per level (NVIDIA: L1 seconds, L2 ~2 min, L3 ~15 min, L4 longer).
 LEVEL_TIMEOUT_S = {1: 180.0, 2: 900.0, 3: 2700.0, 4: 7200.0}
@@ -69,6 +70,14 @@ class DcgmDiag(Check):
         "DcgmIncomplete",
         "DcgmGpuNotReported",
     )
+    sections = ("dcgm",)
+    settings = {
+        "host": Setting(Nullable(Str(what="a DCGM host engine address such as 'localhost:5555'")),
+                        None, "address of a separate DCGM host engine (`dcgmi --host`)"),
+        "parameters": Setting(Nullable(Str(what="dcgmi diag -p parameters")), None,
+                              "`dcgmi diag -p` test parameters"),
+    }
+    condition = "GPUDiagnosticsFailed"
 
     def run(self, ctx: Context) -> Sequence[Result]:
         level = int(ctx.setting(self.name, "level", 2))

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from checks._gpus import enumeration_error, unidentified
-from gpu_monitor.check import Check, ClearTracker, Context
+from gpu_monitor.check import Check, ClearTracker, Context, Setting
 from gpu_monitor.hw.nvml import GpuInfo, NvmlError, NvmlErrorKind
 from gpu_monitor.model import (
     ACTION_SEVERITY,
@@ -45,17 +45,26 @@ from gpu_monitor.model import (
     Status,
     gpu_target,
 )
+from gpu_monitor.profiles.schema import COUNT, POSITIVE_INT
 
 _ABSENT = (NvmlErrorKind.NOT_SUPPORTED, NvmlErrorKind.FUNCTION_NOT_FOUND)
 
-DEFAULTS: dict[str, int] = {
-    "remap_low_banks_degraded": 8,
-    "remap_low_banks_failed": 32,
-    "remap_none_banks_degraded": 1,
-    "remap_none_banks_failed": 8,
-    "corrected_total_degraded": 20_000_000,
-    "corrected_total_failed": 50_000_000,
-    "retired_pages_limit": 10,
+SETTINGS = {
+    "remap_low_banks_degraded": Setting(
+        POSITIVE_INT, 8, "banks at `low` in the row-remapper histogram",
+        "project (no public suite gates on headroom)", at_most="remap_low_banks_failed"),
+    "remap_low_banks_failed": Setting(POSITIVE_INT, 32, "banks", "project"),
+    "remap_none_banks_degraded": Setting(
+        POSITIVE_INT, 1, "banks at `none`", "project: the next remap in such a bank fails",
+        at_most="remap_none_banks_failed"),
+    "remap_none_banks_failed": Setting(POSITIVE_INT, 8, "banks", "project"),
+    "corrected_total_degraded": Setting(
+        POSITIVE_INT, 20_000_000, "corrected ECC errors (volatile total)",
+        "Azure NHC `check_gpu_ecc` (DRAM 2e7)", at_most="corrected_total_failed"),
+    "corrected_total_failed": Setting(POSITIVE_INT, 50_000_000, "errors",
+                                      "Meta GCM `ecc_corrected_volatile_total` 5e7"),
+    "retired_pages_limit": Setting(COUNT, 10, "pages (pre-Ampere); fail when above",
+                                   "Meta GCM `gpu_retired_pages`"),
 }
 
 
@@ -95,6 +104,10 @@ class EccMemory(Check):
         "NotSupported",
         "NvmlReadError",
     )
+    settings = SETTINGS
+    settings_note = ("Pending or failed row remaps and any volatile uncorrectable ECC error fail "
+                     "without a setting.")
+    condition = "GPUMemoryError"
 
     def __init__(self) -> None:
         self._clear = ClearTracker(self.name)
@@ -104,7 +117,7 @@ class EccMemory(Check):
             gpus = ctx.host.nvml.gpus()
         except NvmlError as exc:
             return [enumeration_error(self, ctx, exc)]
-        limits = {k: int(ctx.setting(self.name, k, v)) for k, v in DEFAULTS.items()}
+        limits = {k: int(ctx.setting(self.name, k)) for k in SETTINGS}
         return self._clear.track(ctx, [self._gpu(ctx, g, limits) for g in gpus])
 
     # --- one GPU -------------------------------------------------------------------------------

@@ -20,11 +20,10 @@ and named by its progress (the others were waiting for it).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from checks._gpus import active_gpus
-from gpu_monitor.check import Check, Context
+from gpu_monitor.check import Check, Context, Finding, Setting
 from gpu_monitor.model import NODE, Action, Kind, Result, Status, gpu_target
 from gpu_monitor.nccl import (
     ALL_REDUCE,
@@ -35,6 +34,7 @@ from gpu_monitor.nccl import (
     sweep_sizes,
     sweep_table,
 )
+from gpu_monitor.profiles.schema import COUNT, FRACTION, POSITIVE_INT
 from gpu_monitor.workers.pool import WORKER_REASONS, DeviceRef, Outcome, Task, WorkerPool
 
 _PATTERN_MOD = 251  # pattern values 1..251; x n(n+1)/2 stays below 2**24 up to n = 364
@@ -142,17 +142,11 @@ def allreduce_worker(ctx: Any) -> dict[str, Any]:
 # --- judgement (pure) --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Finding:
-    status: Status
-    target: str
-    reason: str
-    message: str
-    action: Action = Action.NONE
-
-
-def judge(rows: Sequence[Mapping[str, Any]], suspects: Sequence[int] | None,
-          wrong_ranks: Sequence[int], limits: SweepLimits) -> list[Finding]:
+def sweep_findings(rows: Sequence[Mapping[str, Any]], suspects: Sequence[int] | None,
+                   wrong_ranks: Sequence[int], limits: SweepLimits) -> list[Finding]:
+    """What the sweep's table shows: wrong sums (on the suspect devices, else the node), bus
+    bandwidth at the large sizes below or near the floor, p95 latency of the small ones above
+    the limit."""
     findings: list[Finding] = []
     wrong = sum(r["wrong"] for r in rows)
     if wrong:
@@ -160,25 +154,24 @@ def judge(rows: Sequence[Mapping[str, Any]], suspects: Sequence[int] | None,
         if suspects:
             for k in suspects:
                 findings.append(Finding(
-                    Status.FAILED, gpu_target(k), "NcclWrongData",
+                    Status.FAILED, "NcclWrongData",
                     f"all-reduce sums were wrong ({wrong} wrong values, first at {first} B); "
                     f"the data {gpu_target(k)} contributes arrives wrong at its peers",
-                    Action.REPLACE))
+                    Action.REPLACE, target=gpu_target(k)))
         else:
             names = ", ".join(gpu_target(k) for k in wrong_ranks) or "every rank"
             findings.append(Finding(
-                Status.FAILED, NODE, "NcclWrongData",
+                Status.FAILED, "NcclWrongData",
                 f"all-reduce sums were wrong ({wrong} wrong values, first at {first} B) on "
                 f"{names}; no single device's contribution was wrong", Action.REPLACE))
     if not rows:
         return findings
     low = busbw_breach(rows, limits)
     if low is not None:
-        findings.append(Finding(low.status, NODE, "NcclBusBwLow", low.message, Action.WATCH))
+        findings.append(Finding(low.status, "NcclBusBwLow", low.message, Action.WATCH))
     slow = latency_breach(rows, limits)
     if slow is not None:
-        findings.append(Finding(slow.status, NODE, "NcclLatencyHigh", slow.message,
-                                Action.WATCH))
+        findings.append(Finding(slow.status, "NcclLatencyHigh", slow.message, Action.WATCH))
     return findings
 
 
@@ -196,6 +189,18 @@ class NcclAllreduce(Check):
     timeout = 1200.0
     reasons = ("NcclWrongData", "NcclBusBwLow", "NcclLatencyHigh", "NothingToReduce",
                "DeviceUnavailable", "NvmlReadError", *WORKER_REASONS)
+    sections = ("nccl",)
+    settings = {
+        "iterations": Setting(POSITIVE_INT, 20, "timed iterations per size",
+                              "nccl-tests `-n` default"),
+        "warmup_iterations": Setting(COUNT, 5, "iterations",
+                                     "nccl-tests (older releases' `-w` default; SuperBench 5)"),
+        "warning_band": Setting(
+            FRACTION, 0.01, "fraction",
+            "project: the floors were set at 16 GiB, the sweep stops at 2 GiB where busbw is "
+            "~1.5% lower (`nccl.large_message_min_bytes`), which would eat a 5% band on healthy "
+            "nodes"),
+    }
 
     def run(self, ctx: Context) -> Sequence[Result]:
         results, usable = active_gpus(self, ctx, "left out of the all-reduce")
@@ -219,8 +224,8 @@ class NcclAllreduce(Check):
             small_p95_latency_limit_s=_opt_float(get("small_p95_latency_limit_s")),
             warning_band=float(get("warning_band", 0.0) or 0.0),
         )
-        args = {"sizes": sizes, "iterations": int(get("iterations", 20)),
-                "warmup_iterations": int(get("warmup_iterations", 5))}
+        args = {"sizes": sizes, "iterations": int(get("iterations")),
+                "warmup_iterations": int(get("warmup_iterations"))}
         budget = float(get("timeout_s", self.timeout) or self.timeout)
         budget -= min(5.0, 0.05 * budget)  # the rest is for judging
         pool = WorkerPool(ctx.host.worker)
@@ -241,7 +246,7 @@ class NcclAllreduce(Check):
                        if any(r["wrong"] for r in v["rows"])]
         # Ranks are positions in ``refs``; targets are NVML indices.
         suspects = None if suspects is None else [refs[k].index for k in suspects]
-        findings = judge(rows, suspects, wrong_ranks, limits)
+        findings = sweep_findings(rows, suspects, wrong_ranks, limits)
         details = {**base, "backend": values[0].get("backend"), "table": rounded(rows),
                    "mode": "concurrent (one process per device)"}
         diagnosis = {"suspects": suspects,

@@ -22,10 +22,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from checks._gpus import active_gpus, error_details
-from gpu_monitor.check import Check, Context
+from gpu_monitor.check import Check, Context, Setting
 from gpu_monitor.hw.nvml import NvmlError, NvmlErrorKind
 from gpu_monitor.model import NODE, Action, Kind, Result, Status, gpu_target, nvlink_target
 from gpu_monitor.model import p2p_target as p2p
+from gpu_monitor.profiles.schema import BYTES, POSITIVE_INT
 from gpu_monitor.workers.pool import WORKER_REASONS, DeviceRef, Outcome, Task, WorkerPool
 
 # --- the worker (one process, every device; torch only here) ----------------------------------
@@ -94,6 +95,18 @@ class NvlinkPeer(Check):
     reasons = ("NvLinkDown", "NvLinkMissing", "NvLinkErrors", "NvLinkReadError",
                "FabricNotReady", "P2pDataMismatch", "P2pBandwidthLow", "P2pUnavailable",
                "DeviceUnavailable", "NvmlReadError", "PairsNotCopied", *WORKER_REASONS)
+    sections = ("nvlink",)
+    settings = {
+        "copy_bytes": Setting(BYTES, 268435456, "bytes per pair copy", "project"),
+        "repeats": Setting(POSITIVE_INT, 5, "copies per pair",
+                           "project (Azure NHC runs nvbandwidth `-i 10`)"),
+        "error_increase_degraded": Setting(
+            POSITIVE_INT, 1, "CRC/replay/recovery counter increase during the test",
+            "Meta GCM (any NVLink error → critical)", at_most="error_increase_failed"),
+        "error_increase_failed": Setting(
+            POSITIVE_INT, 100, "CRC/replay/recovery counter increase during the test",
+            "DCGM `pcie` plugin `crc_error_threshold` 100"),
+    }
 
     def run(self, ctx: Context) -> Sequence[Result]:
         results, usable = active_gpus(self, ctx, "not tested")
@@ -120,8 +133,7 @@ class NvlinkPeer(Check):
         pos = {r.index: k for k, r in enumerate(refs)}
         copied = 0
         if len(refs) >= 2:
-            args = {"copy_bytes": int(get("copy_bytes", 256 << 20)),
-                    "repeats": int(get("repeats", 5))}
+            args = {"copy_bytes": int(get("copy_bytes")), "repeats": int(get("repeats"))}
             pool = WorkerPool(ctx.host.worker)
             budget = float(get("timeout_s", self.timeout) or self.timeout)
             budget -= min(5.0, 0.05 * budget)  # the rest is for the counters and judging
@@ -234,8 +246,8 @@ class NvlinkPeer(Check):
         return out, errors
 
     def _counter_increases(self, ctx: Context, before: Mapping, after: Mapping) -> list[Result]:
-        degraded = int(ctx.setting(self.name, "error_increase_degraded", 1))
-        failed = int(ctx.setting(self.name, "error_increase_failed", 100))
+        degraded = int(ctx.setting(self.name, "error_increase_degraded"))
+        failed = int(ctx.setting(self.name, "error_increase_failed"))
         out = []
         for (index, link), old in before.items():
             new = after.get((index, link))

@@ -34,10 +34,11 @@ Guarantees:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from checks._gpus import poll_gpus, read_error, unidentified
-from gpu_monitor.check import Check, ClearTracker, Context
+from gpu_monitor.check import Check, ClearTracker, Context, Finding, Setting
 from gpu_monitor.hw.nvml import GpuInfo, NvmlError, NvmlErrorKind
 from gpu_monitor.model import (
     NODE,
@@ -49,9 +50,9 @@ from gpu_monitor.model import (
     gpu_target,
     nvlink_target,
 )
+from gpu_monitor.profiles.schema import POSITIVE, SECONDS
 
 COUNTERS = ("replay", "recovery", "crc_flit", "crc_data")  # ecc_data is corrected: not judged
-_Finding = tuple[Status, str, str, Action]  # status, reason, message, action
 
 
 class NvlinkState(Check):
@@ -62,8 +63,16 @@ class NvlinkState(Check):
     required = True
     interval = 10.0
     timeout = 30.0
-    reasons = ("NvlinkDown", "NvlinkErrorRate", "BootGrace", "NvmlReadError", "GpuLost",
+    reasons = ("NvLinkDown", "NvLinkErrorRate", "BootGrace", "NvmlReadError", "GpuLost",
                "NotSupported", "NoGpu")
+    sections = ("nvlink",)
+    settings = {
+        "window_s": Setting(SECONDS, 600, "s", "project"),
+        "error_rate_per_min_degraded": Setting(
+            POSITIVE, 10, "counter increase per minute",
+            "project (Imbue warns at ≥ 5 total; NVLink CRC noise is common)"),
+    }
+    condition = "GPUFabricError"
 
     def __init__(self) -> None:
         self._clear = ClearTracker(self.name)
@@ -86,9 +95,9 @@ class NvlinkState(Check):
         grace = float(ctx.setting(self.name, "boot_grace_s", 300))
         common = {"links_expected": expected, "uptime_s": uptime, "boot_grace_s": grace,
                   "in_boot_grace": uptime is not None and uptime < grace,
-                  "window_s": float(ctx.setting(self.name, "window_s", 600)),
+                  "window_s": float(ctx.setting(self.name, "window_s")),
                   "error_rate_per_min_degraded":
-                      float(ctx.setting(self.name, "error_rate_per_min_degraded", 10))}
+                      float(ctx.setting(self.name, "error_rate_per_min_degraded"))}
         results: list[Result] = []
         for gpu in gpus:
             results.extend(self._gpu(ctx, gpu, common))
@@ -104,7 +113,6 @@ class NvlinkState(Check):
     # --- one GPU ---------------------------------------------------------------------------
 
     def _gpu(self, ctx: Context, gpu: GpuInfo, common: dict[str, Any]) -> list[Result]:
-        nvml = ctx.host.nvml
         target = gpu_target(gpu.index)
         expected = common["links_expected"]
         base = {"uuid": gpu.uuid, **common}
@@ -112,54 +120,25 @@ class NvlinkState(Check):
         if unread is not None:
             return [unread]
         try:
-            states, state_errors = nvml.nvlink_states_with_errors(gpu.index, expected)
-            counters: dict[int, dict[str, int]] = {}
-            counter_errors: dict[int, NvmlError] = {}
-            for link, up in enumerate(states):
-                if up is None:
-                    continue
-                try:
-                    counters[link] = nvml.nvlink_errors(gpu.index, link)
-                except NvmlError as err:
-                    if err.kind is NvmlErrorKind.GPU_LOST:
-                        raise
-                    counter_errors[link] = err
+            read = _read_links(ctx, gpu, expected)
         except NvmlError as err:
             return [read_error(self, ctx, target, base, err, "NVLink")]
-        if states and all(s is None for s in states):
-            first = next(iter(state_errors.values()), None)
+        if read.states and all(s is None for s in read.states):
+            first = next(iter(read.state_errors.values()), None)
             return [self.result(ctx, Status.UNKNOWN, target, "NvmlReadError",
                                 f"no NVLink state of {target} is readable"
                                 + (f": {first}" if first else ""),
                                 {**base, "state_errors": {str(lk): str(e) for lk, e
-                                                          in state_errors.items()}})]
-        if not states:
-            why = f" ({state_errors[0]})" if 0 in state_errors else ""
+                                                          in read.state_errors.items()}})]
+        if not read.states:
+            why = f" ({read.state_errors[0]})" if 0 in read.state_errors else ""
             return [self.result(ctx, Status.SKIPPED, target, "NotSupported",
                                 f"NVML reports no NVLink on {target}{why}; profile "
                                 f"{ctx.profile.name} expects {expected} links (wrong profile?)",
                                 {**base, "links_found": 0})]
-        rates, window = self._rates(ctx, gpu, counters, common["window_s"])
-        limit = common["error_rate_per_min_degraded"]
-        links: dict[int, _Finding] = {}
-        for link in range(expected):
-            up = states[link] if link < len(states) else False
-            if up is None:
-                why = f": {state_errors[link]}" if link in state_errors else ""
-                links[link] = (Status.UNKNOWN, "NvmlReadError", f"state unreadable{why}",
-                               Action.NONE)
-            elif not up:
-                what = "down" if link < len(states) else "missing (GPU reports fewer links)"
-                links[link] = ((Status.UNKNOWN, "BootGrace", f"{what} during the boot grace "
-                                "(links may still be training)", Action.NONE)
-                               if common["in_boot_grace"]
-                               else (Status.FAILED, "NvlinkDown", what, Action.RESET_GPU))
-            else:
-                hot = {c: r for c, r in rates.get(link, {}).items() if r >= limit}
-                if hot:
-                    text = ", ".join(f"{c} {r:g}/min" for c, r in hot.items())
-                    links[link] = (Status.DEGRADED, "NvlinkErrorRate",
-                                   f"error rate {text} >= {limit:g}/min", Action.WATCH)
+        rates, window = self._rates(ctx, gpu, read.counters, common["window_s"])
+        links = _link_findings(read, rates, common)
+        states = read.states
         details = {
             **base, "links_found": len(states),
             "links_up": sum(1 for s in states if s),
@@ -171,42 +150,59 @@ class NvlinkState(Check):
                                           default=0.0),
             "window": window,
         }
-        if counter_errors:
-            details["counter_errors"] = {str(lk): e.kind.value for lk, e in counter_errors.items()}
-            details["nvml_error"] = str(next(iter(counter_errors.values())))
+        if read.counter_errors:
+            details["counter_errors"] = {str(lk): e.kind.value
+                                         for lk, e in read.counter_errors.items()}
+            details["nvml_error"] = str(next(iter(read.counter_errors.values())))
+        out = self._link_results(ctx, gpu, links, rates, common)
+        return [self._gpu_result(ctx, target, links, read, details), *out]
+
+    def _link_results(self, ctx: Context, gpu: GpuInfo, links: dict[int, Finding],
+                      rates: dict[int, dict[str, float]], common: dict[str, Any]
+                      ) -> list[Result]:
+        """One result per link with a finding, and ``ok`` for each link reported before and
+        fine now (``Cleared``)."""
+        assert self._open is not None
         out: list[Result] = []
-        for link, (status, reason, text, action) in sorted(links.items()):
+        for link, f in sorted(links.items()):
             lt = nvlink_target(gpu.index, link)
-            self._open.add(lt)  # type: ignore[union-attr]
-            out.append(self.result(ctx, status, lt, reason, f"NVLink {gpu.index}:{link} {text}",
+            self._open.add(lt)
+            out.append(self.result(ctx, f.status, lt, f.reason,
+                                   f"NVLink {gpu.index}:{link} {f.message}",
                                    {"uuid": gpu.uuid, "gpu": gpu.index, "link": link,
                                     "error_rates_per_min": rates.get(link, {}),
-                                    "error_rate_per_min_degraded": limit,
-                                    "in_boot_grace": common["in_boot_grace"]}, action))
-        for lt in sorted(self._open or ()):  # links reported before and fine now
+                                    "error_rate_per_min_degraded":
+                                        common["error_rate_per_min_degraded"],
+                                    "in_boot_grace": common["in_boot_grace"]}, f.action))
+        for lt in sorted(self._open):  # links reported before and fine now
             g, link = (int(x) for x in lt.split(":")[1:])
             if g == gpu.index and link not in links:
-                self._open.discard(lt)  # type: ignore[union-attr]
+                self._open.discard(lt)
                 out.append(self.ok(ctx, lt, f"NVLink {g}:{link} up, errors quiet",
                                    {"uuid": gpu.uuid, "gpu": g, "link": link}))
-        worst_link = max((f[0] for f in links.values()), key=STATUS_SEVERITY.__getitem__,
+        return out
+
+    def _gpu_result(self, ctx: Context, target: str, links: dict[int, Finding],
+                    read: _LinkRead, details: dict[str, Any]) -> Result:
+        """The GPU's one result: unreadable counters unless a link is worse, else the worst
+        link, else ``ok``."""
+        worst_link = max((f.status for f in links.values()), key=STATUS_SEVERITY.__getitem__,
                          default=Status.OK)
-        if counter_errors and STATUS_SEVERITY[worst_link] < STATUS_SEVERITY[Status.UNKNOWN]:
-            gpu_result = self.result(
+        if read.counter_errors and STATUS_SEVERITY[worst_link] < STATUS_SEVERITY[Status.UNKNOWN]:
+            return self.result(
                 ctx, Status.UNKNOWN, target, "NvmlReadError",
                 f"{target}: NVLink error counters of link(s) "
-                f"{', '.join(map(str, sorted(counter_errors)))} unreadable: "
+                f"{', '.join(map(str, sorted(read.counter_errors)))} unreadable: "
                 f"{details['nvml_error']}", details)
-        elif links:
-            status, reason, _, action = max(links.values(), key=lambda f: STATUS_SEVERITY[f[0]])
-            bad = [f"{lk} {f[2]}" for lk, f in sorted(links.items()) if f[0] is status]
-            gpu_result = self.result(ctx, status, target, reason,
-                                     f"{target} NVLink: link {'; link '.join(bad)}", details,
-                                     action)
-        else:
-            gpu_result = self.ok(ctx, target, f"{details['links_up']}/{expected} links up",
-                                 details)
-        return [gpu_result, *out]
+        if links:
+            top = max(links.values(), key=lambda f: STATUS_SEVERITY[f.status])
+            bad = [f"{lk} {f.message}" for lk, f in sorted(links.items())
+                   if f.status is top.status]
+            return self.result(ctx, top.status, target, top.reason,
+                               f"{target} NVLink: link {'; link '.join(bad)}", details,
+                               top.action)
+        return self.ok(ctx, target, f"{details['links_up']}/{details['links_expected']} "
+                       "links up", details)
 
     def _rates(self, ctx: Context, gpu: GpuInfo, counters: dict[int, dict[str, int]],
                window: float) -> tuple[dict[int, dict[str, float]], str]:
@@ -251,6 +247,60 @@ class NvlinkState(Check):
                 ctx.log.warning("nvlink_state: cannot load history: %s", exc)
         self._snaps = snaps if isinstance(snaps, dict) else {}
         self._open = {str(t) for t in links or ()} if isinstance(links, list) else set()
+
+
+@dataclass(frozen=True)
+class _LinkRead:
+    """One GPU's NVLink readings: each link's state (None: unreadable) and error counters."""
+
+    states: list[bool | None]
+    state_errors: dict[int, NvmlError]
+    counters: dict[int, dict[str, int]]
+    counter_errors: dict[int, NvmlError]
+
+
+def _read_links(ctx: Context, gpu: GpuInfo, expected: int) -> _LinkRead:
+    """Link states and the counters of every readable link; a lost GPU raises."""
+    nvml = ctx.host.nvml
+    states, state_errors = nvml.nvlink_states_with_errors(gpu.index, expected)
+    counters: dict[int, dict[str, int]] = {}
+    counter_errors: dict[int, NvmlError] = {}
+    for link, up in enumerate(states):
+        if up is None:
+            continue
+        try:
+            counters[link] = nvml.nvlink_errors(gpu.index, link)
+        except NvmlError as err:
+            if err.kind is NvmlErrorKind.GPU_LOST:
+                raise
+            counter_errors[link] = err
+    return _LinkRead(states, state_errors, counters, counter_errors)
+
+
+def _link_findings(read: _LinkRead, rates: dict[int, dict[str, float]],
+                   common: dict[str, Any]) -> dict[int, Finding]:
+    """Per expected link: unreadable, down or missing (``BootGrace`` while links may still be
+    training), or erroring at or above the rate limit; quiet links have no finding."""
+    limit = common["error_rate_per_min_degraded"]
+    links: dict[int, Finding] = {}
+    for link in range(common["links_expected"]):
+        up = read.states[link] if link < len(read.states) else False
+        if up is None:
+            why = f": {read.state_errors[link]}" if link in read.state_errors else ""
+            links[link] = Finding(Status.UNKNOWN, "NvmlReadError", f"state unreadable{why}")
+        elif not up:
+            what = "down" if link < len(read.states) else "missing (GPU reports fewer links)"
+            links[link] = (Finding(Status.UNKNOWN, "BootGrace", f"{what} during the boot grace "
+                                   "(links may still be training)")
+                           if common["in_boot_grace"]
+                           else Finding(Status.FAILED, "NvLinkDown", what, Action.RESET_GPU))
+        else:
+            hot = {c: r for c, r in rates.get(link, {}).items() if r >= limit}
+            if hot:
+                text = ", ".join(f"{c} {r:g}/min" for c, r in hot.items())
+                links[link] = Finding(Status.DEGRADED, "NvLinkErrorRate",
+                                      f"error rate {text} >= {limit:g}/min", Action.WATCH)
+    return links
 
 
 def _went_back(old: dict[str, list[int | None]], cur: dict[str, list[int | None]]) -> bool:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -43,7 +43,7 @@ from checks._kmsg_events import (
     offline_aware_scan,
     record_seq,
 )
-from gpu_monitor.check import Check, ClearTracker, Context
+from gpu_monitor.check import Check, ClearTracker, Context, Setting
 from gpu_monitor.hw.kmsg import KmsgGap, KmsgRecord
 from gpu_monitor.hw.nvml import (
     NVML_GPU_FABRIC_STATE_COMPLETED,
@@ -51,6 +51,7 @@ from gpu_monitor.hw.nvml import (
     NvmlError,
     NvmlErrorKind,
 )
+from gpu_monitor.metric_families import CheckMetric, LatestResult, MetricsHistory, Sample
 from gpu_monitor.model import (
     NODE,
     Action,
@@ -63,6 +64,7 @@ from gpu_monitor.model import (
     parse_iso,
     pcie_target,
 )
+from gpu_monitor.profiles.schema import SECONDS
 from gpu_monitor.rules import sxid_catalog
 from gpu_monitor.rules.sxid import SxidEvent, SxidGrouper, parse_sxid, status_of
 from gpu_monitor.rules.xid import XidParseError
@@ -76,6 +78,16 @@ NONFATAL_WINDOW_S = 3600.0
 BOOT_GRACE_S = 300.0
 
 
+def sxid_event_samples(results: Sequence[LatestResult], history: MetricsHistory
+                       ) -> Iterable[Sample]:
+    """Every SXid seen, per code, over the store's whole history."""
+    per_code: dict[int, int] = {}
+    for (_idx, _uuid, code), n in history.xid_counts("sxid").items():
+        per_code[code] = per_code.get(code, 0) + n
+    for code, n in sorted(per_code.items()):
+        yield (str(code),), float(n)
+
+
 class NvSwitch(Check):
     name = "nvswitch"
     kinds = frozenset({Kind.BOOTSTRAP, Kind.PASSIVE})
@@ -87,6 +99,16 @@ class NvSwitch(Check):
     reasons = (*(f"SXid{c}" for c in sxid_catalog().codes()), "FabricNotReady", "FabricError",
                "FabricManagerDown", "NvmlReadError", "NotSupported", "BootGrace",
                READ_ERROR)
+    sections = ("nvlink",)
+    settings = {
+        "nonfatal_window_s": Setting(SECONDS, NONFATAL_WINDOW_S,
+                                     "how long a non-fatal SXid keeps its switch `degraded`",
+                                     "project"),
+    }
+    condition = "GPUFabricError"
+    metrics = (CheckMetric("gpu_monitor_sxid_events_total", "counter", ("code",),
+                           "NVSwitch SXid events seen in the kernel log, per code.",
+                           samples=sxid_event_samples),)
 
     def __init__(self) -> None:
         self.parse_errors = 0
@@ -220,7 +242,7 @@ class NvSwitch(Check):
         read the log (``unread``), ``unknown`` naming the path and error."""
         now = ctx.clock.now()
         boot = boot_id(ctx)
-        window = float(ctx.setting(self.name, "nonfatal_window_s", NONFATAL_WINDOW_S))
+        window = float(ctx.setting(self.name, "nonfatal_window_s"))
         try:
             switches = sorted(d.address for d in ctx.host.sysfs.nvidia_switches())
         except Exception:  # noqa: BLE001

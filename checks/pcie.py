@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from checks._gpus import ABSENT, enumeration_error, error_details, unidentified
-from gpu_monitor.check import Check, Context
+from gpu_monitor.check import Check, Context, Setting
 from gpu_monitor.hw.nvml import GpuInfo, NvmlError
 from gpu_monitor.hw.sysfs import PciDevice, pcie_gen
 from gpu_monitor.model import (
@@ -61,6 +61,7 @@ from gpu_monitor.model import (
     gpu_target,
     pcie_target,
 )
+from gpu_monitor.profiles.schema import BYTES, POSITIVE_INT, SECONDS
 from gpu_monitor.workers.pool import WORKER_REASONS, DeviceRef, Task, WorkerPool
 
 _GPU_IDLE = 0x1  # nvmlClocksEventReasonGpuIdle
@@ -149,6 +150,17 @@ class Pcie(Check):
         "SysfsReadError",
         *WORKER_REASONS,
     )
+    sections = ("pcie",)
+    settings = {
+        "copy_bytes": Setting(BYTES, 268435456, "bytes per H2D/D2H copy", "project"),
+        "repeats": Setting(POSITIVE_INT, 5, "copies", "project"),
+        "replay_increase_degraded": Setting(POSITIVE_INT, 80,
+                                            "PCIe replay counter increase during the check",
+                                            "DCGM `pcie` plugin `max_pcie_replays`"),
+        "copy_timeout_s": Setting(SECONDS, 120.0, "s; hard limit for the H2D/D2H copy workers",
+                                  "project"),
+    }
+    condition = "GPUPCIeError"
 
     def run(self, ctx: Context) -> Sequence[Result]:
         nvml, sysfs = ctx.host.nvml, ctx.host.sysfs
@@ -227,7 +239,7 @@ class Pcie(Check):
                 f.errors.append(str(err))
         if after is None:
             return
-        limit = int(ctx.setting(self.name, "replay_increase_degraded", 80))
+        limit = int(ctx.setting(self.name, "replay_increase_degraded"))
         f.details.update({"replay_counter": after, "replay_increase_degraded": limit})
         if before is None:
             return
@@ -348,9 +360,9 @@ class Pcie(Check):
         if why:
             results.append(self.result(ctx, Status.SKIPPED, NODE, reason, why, details))
             return {}
-        args = {"copy_bytes": int(ctx.setting(self.name, "copy_bytes", 256 << 20)),
-                "repeats": int(ctx.setting(self.name, "repeats", 5))}
-        timeout = float(ctx.setting(self.name, "copy_timeout_s", 120.0))
+        args = {"copy_bytes": int(ctx.setting(self.name, "copy_bytes")),
+                "repeats": int(ctx.setting(self.name, "repeats"))}
+        timeout = float(ctx.setting(self.name, "copy_timeout_s"))
         task = Task("checks.pcie:copy_worker", tuple(refs), args, label="pcie copies")
         (outcome,) = WorkerPool(ctx.host.worker).run([task], timeout_s=timeout, rounds=1)
         if not outcome.ok or not outcome.value:

@@ -37,9 +37,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from gpu_monitor.check import Check, ClearTracker, Context
+from gpu_monitor.check import Check, ClearTracker, Context, Setting
 from gpu_monitor.hw.sysfs import AER_ATTRS, NVIDIA_VENDOR, AerCounters, PciDevice
 from gpu_monitor.model import NODE, Action, Kind, Result, Status, canonical_pci, pcie_target
+from gpu_monitor.profiles.schema import POSITIVE, SECONDS, SECONDS0
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,17 @@ class PcieAer(Check):
     timeout = 30.0
     reasons = ("AerFatal", "AerNonFatal", "AerCorrectableRate", "NotSupported", "NoDevice",
                "SysfsReadError", "BootGrace")
+    sections = ("pcie",)
+    settings = {
+        "window_s": Setting(SECONDS, 900, "s", "DCGM AER threshold window (15 min)"),
+        "correctable_per_min_degraded": Setting(POSITIVE, 32, "correctable AER errors per minute",
+                                                "DCGM `pcie` plugin (480 = 32/min × 15 min)"),
+        "boot_grace_s": Setting(
+            SECONDS0, 300,
+            "s after boot during which an AER finding is `unknown` (`BootGrace`), not degraded "
+            "or failed", "project: devices train and retrain links at boot"),
+    }
+    condition = "GPUPCIeError"
 
     def __init__(self) -> None:
         self._states: dict[str, dict[str, Any]] = {}
@@ -178,7 +190,7 @@ class PcieAer(Check):
                                 "no NVIDIA GPU, NVSwitch or RDMA NIC on the PCI bus")]
         now = ctx.clock.now().timestamp()
         uptime = ctx.host.procfs.uptime_s()
-        grace = uptime is not None and uptime < float(ctx.setting(self.name, "boot_grace_s", 300))
+        grace = uptime is not None and uptime < float(ctx.setting(self.name, "boot_grace_s"))
         boot = ctx.host.procfs.boot_id()
         results = [self._judge(ctx, w, now, boot, grace) for w in watched]
         return results if ctx.one_shot else self._clear.track(ctx, results)
@@ -187,8 +199,8 @@ class PcieAer(Check):
                grace: bool) -> Result:
         dev = w.device
         target = pcie_target(dev.address)
-        window_s = float(ctx.setting(self.name, "window_s", 900))
-        per_min = float(ctx.setting(self.name, "correctable_per_min_degraded", 32))
+        window_s = float(ctx.setting(self.name, "window_s"))
+        per_min = float(ctx.setting(self.name, "correctable_per_min_degraded"))
         counters = _totals(dev)
         totals = {k: (None if c is None else c.total) for k, c in counters.items()}
         errors = [str(e) for e in dev.errors_for(*AER_ATTRS, "vendor", "class")]

@@ -30,11 +30,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from gpu_monitor.check import Check, Context
+from gpu_monitor.check import Check, Context, Setting
 from gpu_monitor.hw.command import kill_group
 from gpu_monitor.hw.perftest import BwReport, PerftestParseError, parse_report
 from gpu_monitor.hw.sysfs import IbPort
 from gpu_monitor.model import Action, Kind, Result, Status, canonical_pci, ib_target
+from gpu_monitor.profiles.schema import COUNT, FRACTION, POSITIVE_INT, SECONDS, Bool, Int, Nullable
 
 BANNER = "Waiting for client to connect"
 # perftest's Gb/sec is payload; no loopback moves more than the port's data rate. The slack
@@ -102,6 +103,29 @@ class RdmaLoopback(Check):
         "PerftestHang",
         "PerftestBadOutput",
     )
+    sections = ("rdma",)
+    settings = {
+        "use_cuda": Setting(Bool(), True, "GPU memory buffers (`--use_cuda`) when CUDA is "
+                            "available", "Azure NHC (GPUDirect, `--use_cuda`) when available"),
+        "iterations": Setting(POSITIVE_INT, 5000, "iterations",
+                              "perftest default for bandwidth tests"),
+        "tcp_port_base": Setting(Int(1024, 65535), 18510,
+                                 "TCP port of the first HCA's server (one per HCA)",
+                                 "Azure NHC (18510–18517, one per HCA)"),
+        "gid_index": Setting(Nullable(COUNT), None, "GID index",
+                             "RoCE fabrics need one (`ib_write_bw -x N`)"),
+        "run_timeout_s": Setting(SECONDS, 120.0, "s; hard limit for one client run", "project"),
+        "server_start_s": Setting(SECONDS, 5.0, "s to wait for the server to listen", "project"),
+        "connect_retries": Setting(COUNT, 5, "client connection retries", "project"),
+        "server_exit_s": Setting(SECONDS, 10.0, "s to wait for the server to exit after the "
+                                 "client", "project"),
+        "warning_band": Setting(
+            FRACTION, 0.02, "fraction",
+            "project: a healthy port reaches ~96% of line rate (fixture: 24056.72 MB/s = 201.8 "
+            "Gb/s on HDR 200, perftest's MB being 2^20 bytes), i.e. ~385 on NDR, inside a 5% "
+            "band above 380 (399)"),
+    }
+    condition = "RDMANetworkError"
 
     def run(self, ctx: Context) -> Sequence[Result]:
         ports = ctx.host.sysfs.infiniband_ports()
@@ -125,16 +149,16 @@ class RdmaLoopback(Check):
         name = RdmaLoopback.name
         return {
             "size": int(ctx.setting(name, "message_bytes", 8388608)),
-            "iterations": int(ctx.setting(name, "iterations", 5000)),
-            "tcp_port_base": int(ctx.setting(name, "tcp_port_base", 18510)),
+            "iterations": int(ctx.setting(name, "iterations")),
+            "tcp_port_base": int(ctx.setting(name, "tcp_port_base")),
             "floor": ctx.setting(name, "loopback_floor_gbit_per_s"),
             "band": float(ctx.setting(name, "warning_band", 0.05)),
-            "use_cuda": bool(ctx.setting(name, "use_cuda", True)),
+            "use_cuda": bool(ctx.setting(name, "use_cuda")),
             "gid_index": ctx.setting(name, "gid_index"),
-            "run_timeout_s": float(ctx.setting(name, "run_timeout_s", 120.0)),
-            "server_start_s": float(ctx.setting(name, "server_start_s", 5.0)),
-            "connect_retries": int(ctx.setting(name, "connect_retries", 5)),
-            "server_exit_s": float(ctx.setting(name, "server_exit_s", 10.0)),
+            "run_timeout_s": float(ctx.setting(name, "run_timeout_s")),
+            "server_start_s": float(ctx.setting(name, "server_start_s")),
+            "connect_retries": int(ctx.setting(name, "connect_retries")),
+            "server_exit_s": float(ctx.setting(name, "server_exit_s")),
         }
 
     def _cuda_flag(self, ctx: Context) -> str | None:

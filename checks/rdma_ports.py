@@ -40,9 +40,17 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from gpu_monitor.check import Check, ClearTracker, Context
+from gpu_monitor.check import Check, ClearTracker, Context, Setting
 from gpu_monitor.hw.sysfs import IbPort
+from gpu_monitor.metric_families import (
+    CheckMetric,
+    LatestResult,
+    MetricsHistory,
+    Sample,
+    state_set,
+)
 from gpu_monitor.model import Action, Kind, Result, Status, ib_target
+from gpu_monitor.profiles.schema import SECONDS, SECONDS0, Int, Num
 
 log = logging.getLogger(__name__)
 
@@ -126,13 +134,13 @@ class Settings:
             expected.append((dev, int(port)))
         rate = ctx.profile.get("rdma.rate_gbit_per_s")
         return cls(
-            window_s=float(ctx.setting(name, "window_s", 600)),
-            budget_s=float(ctx.setting(name, "downtime_budget_s", 30)),
-            warning_fraction=float(ctx.setting(name, "downtime_warning_fraction", 0.5)),
-            ib_timeout=int(ctx.setting(name, "nccl_ib_timeout", 18)),
-            retry_cnt=int(ctx.setting(name, "nccl_ib_retry_cnt", 7)),
+            window_s=float(ctx.setting(name, "window_s")),
+            budget_s=float(ctx.setting(name, "downtime_budget_s")),
+            warning_fraction=float(ctx.setting(name, "downtime_warning_fraction")),
+            ib_timeout=int(ctx.setting(name, "nccl_ib_timeout")),
+            retry_cnt=int(ctx.setting(name, "nccl_ib_retry_cnt")),
             interval_s=float(ctx.setting(name, "interval_s", interval) or interval),
-            boot_grace_s=float(ctx.setting(name, "boot_grace_s", 300)),
+            boot_grace_s=float(ctx.setting(name, "boot_grace_s")),
             expected=tuple(expected),
             rate_gbit=None if rate is None else float(rate),
         )
@@ -213,6 +221,51 @@ class PortReader:
         return out
 
 
+# --- metrics ------------------------------------------------------------------------------------
+
+#: The ``state`` label of ``gpu_monitor_rdma_port_state`` (a port in any other state is unknown).
+PORT_STATES = ("active", "down", "init", "armed", "active_defer", "unknown")
+
+
+def _port_results(results: Sequence[LatestResult]) -> dict[PortKey, LatestResult]:
+    out: dict[PortKey, LatestResult] = {}
+    for r in results:
+        if r.target.startswith("ib:"):
+            _, dev, port = r.target.split(":")
+            out[(dev, int(port))] = r
+    return out
+
+
+def _known_ports(results: Sequence[LatestResult], history: MetricsHistory) -> list[PortKey]:
+    """Every port with a result now or with history in the store (a port that vanished still
+    has its counters)."""
+    return sorted(set(history.known_ports()) | set(_port_results(results)))
+
+
+def port_down_samples(results: Sequence[LatestResult], history: MetricsHistory
+                      ) -> Iterable[Sample]:
+    """Cumulative down seconds per port, from the store's down intervals up to the scrape (a
+    port still down keeps counting between polls)."""
+    for dev, port in _known_ports(results, history):
+        yield (dev, str(port)), history.port_down_seconds(dev, port)
+
+
+def port_outage_samples(results: Sequence[LatestResult], history: MetricsHistory
+                        ) -> Iterable[Sample]:
+    for dev, port in _known_ports(results, history):
+        yield (dev, str(port)), float(history.port_outages(dev, port))
+
+
+def port_state_samples(results: Sequence[LatestResult], history: MetricsHistory
+                       ) -> Iterable[Sample]:
+    for (dev, port), r in sorted(_port_results(results).items()):
+        current = str(r.details.get("state") or "unknown").lower()
+        if current not in PORT_STATES:
+            current = "unknown"
+        for state, value in state_set(current, PORT_STATES):
+            yield (dev, str(port), state), value
+
+
 class RdmaPorts(Check):
     name = "rdma_ports"
     kinds = frozenset({Kind.PASSIVE, Kind.BOOTSTRAP})
@@ -231,6 +284,39 @@ class RdmaPorts(Check):
         "PortNotExpected",
         "SysfsReadError",
         "BootGrace",
+    )
+    sections = ("rdma",)
+    settings = {
+        "window_s": Setting(SECONDS, 600, "s", "SPEC-CHECKS (10 min)"),
+        "downtime_budget_s": Setting(
+            SECONDS, 30, "cumulative down seconds in the window",
+            "project (GPUd drop = down ≥ 4 min; one NCCL timeout ≈ 7.5 s)"),
+        "downtime_warning_fraction": Setting(
+            Num(0, 1, lo_open=True), 0.5,
+            "fraction of the budget above which downtime in the window is `degraded`",
+            "project"),
+        "nccl_ib_timeout": Setting(Int(1, 31), 18,
+                                   "verbs timeout exponent t: 4.096 µs × 2^t per try; the "
+                                   "config's `nccl.ib_timeout` sets it fleet-wide",
+                                   "NCCL default (newer releases 20)"),
+        "nccl_ib_retry_cnt": Setting(Int(0, 7), 7, "retries; the config's `nccl.ib_retry_cnt` "
+                                     "sets it fleet-wide", "NCCL default"),
+        "boot_grace_s": Setting(
+            SECONDS0, 300,
+            "s after boot during which a down port is `unknown` (`BootGrace`) and not recorded",
+            "project: links train after boot"),
+    }
+    condition = "RDMANetworkError"
+    metrics = (
+        CheckMetric("gpu_monitor_rdma_port_down_seconds_total", "counter", ("device", "port"),
+                    "Cumulative time the RDMA port was observed down.",
+                    samples=port_down_samples),
+        CheckMetric("gpu_monitor_rdma_port_outages_total", "counter", ("device", "port"),
+                    "RDMA port outages observed (including link_downed increments between "
+                    "polls).", samples=port_outage_samples),
+        CheckMetric("gpu_monitor_rdma_port_state", "gauge", ("device", "port", "state"),
+                    "Logical state of each RDMA port (1 = current).", details=("state",),
+                    samples=port_state_samples),
     )
 
     def __init__(self) -> None:

@@ -57,9 +57,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from checks._gpus import active_gpus
-from gpu_monitor.check import Check, Context, Finding
+from gpu_monitor.check import Check, Context, Finding, Setting
 from gpu_monitor.hw.nvml import NvmlError
 from gpu_monitor.model import NODE, Kind, Result, Status, iso
+from gpu_monitor.profiles.schema import COUNT, POSITIVE_INT, Nullable, Str
 from gpu_monitor.sdc.probe_judge import (
     PEER_OFFSET,
     Judgement,
@@ -100,6 +101,15 @@ class SdcProbe(Check):
     reasons = ("SdcDetected", "SdcReferenceMismatch", "SdcUnattributable",
                "SdcProbeNondeterministic", "SdcReferenceUnreadable", "DeviceUnavailable",
                "NvmlReadError", *WORKER_REASONS)
+    settings = {
+        "seed": Setting(COUNT, 1234, "seed of the deterministic micro-batches", "project"),
+        "batch_size": Setting(POSITIVE_INT, 32, "samples per micro-batch", "project"),
+        "hidden_size": Setting(POSITIVE_INT, 1024, "features", "project"),
+        "layers": Setting(POSITIVE_INT, 4, "layers", "project"),
+        "reference_path": Setting(Nullable(Str(what="a file path")), None,
+                                  "file path of a stored reference (unset: none)",
+                                  "SPEC-SDC (reference per GPU model, driver, torch)"),
+    }
 
     def run(self, ctx: Context) -> Sequence[Result]:
         results, usable = active_gpus(self, ctx, "left out of the SDC probe")
@@ -268,14 +278,14 @@ def _validated(o: Outcome, ring: Sequence[int]) -> Outcome:
 
 
 def _settings(ctx: Context) -> dict[str, Any]:
-    def get(key: str, default: Any) -> Any:
+    def get(key: str, default: Any = None) -> Any:
         return ctx.setting("sdc_probe", key, default)
 
     return {
-        "seed": int(get("seed", 1234)),
-        "batch_size": int(get("batch_size", 32)),
-        "hidden_size": int(get("hidden_size", 1024)),
-        "layers": int(get("layers", 4)),
-        "reference_path": get("reference_path", None) or None,
+        "seed": int(get("seed")),
+        "batch_size": int(get("batch_size")),
+        "hidden_size": int(get("hidden_size")),
+        "layers": int(get("layers")),
+        "reference_path": get("reference_path") or None,
         "timeout_s": float(get("timeout_s", SdcProbe.timeout) or SdcProbe.timeout),
     }

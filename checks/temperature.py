@@ -27,14 +27,22 @@ Guarantees:
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from checks._gpus import ABSENT, error_details, poll_gpus, read_error, unidentified
-from gpu_monitor.check import Check, ClearTracker, Context
+from gpu_monitor.check import Check, ClearTracker, Context, Setting
 from gpu_monitor.hw.nvml import GpuInfo, NvmlError, NvmlErrorKind, Temperatures
+from gpu_monitor.metric_families import (
+    CheckMetric,
+    LatestResult,
+    MetricsHistory,
+    Sample,
+    gpu_labels,
+)
 from gpu_monitor.model import STATUS_SEVERITY, Action, Kind, Result, Status, gpu_target
+from gpu_monitor.profiles.schema import POSITIVE
 
 LOAD_MATCH = 0.8  # a comparable peer draws >= 80% of this GPU's power
 MIN_PEERS = 2  # a median of fewer peers says nothing about "the others"
@@ -48,6 +56,19 @@ class _Reading:
     power_error: NvmlError | None = None
 
 
+def temperature_samples(results: Sequence[LatestResult], history: MetricsHistory
+                        ) -> Iterable[Sample]:
+    """Each GPU's core and HBM temperature at its last poll (a sensor not read: no series)."""
+    for r in results:
+        labels = gpu_labels(r)
+        if labels is None:
+            continue
+        for sensor, key in (("core", "core_celsius"), ("memory", "memory_celsius")):
+            value = r.details.get(key)
+            if isinstance(value, (int, float)):
+                yield (*labels, sensor), float(value)
+
+
 class Temperature(Check):
     name = "temperature"
     kinds = frozenset({Kind.PASSIVE, Kind.BOOTSTRAP})
@@ -59,6 +80,19 @@ class Temperature(Check):
     timeout = 30.0
     reasons = ("TempAboveSlowdown", "MemTempAboveMax", "TempGradient", "TempOutlier",
                "NvmlReadError", "GpuLost", "NotSupported", "NoGpu")
+    sections = ("gpu",)
+    settings = {
+        "gradient_limit_celsius": Setting(POSITIVE, 20, "°C between HBM and GPU core", "project"),
+        "peer_deviation_celsius": Setting(POSITIVE, 20, "°C from the median of the node's GPUs",
+                                          "project"),
+    }
+    settings_note = "Above the NVML slowdown/shutdown thresholds is `failed` without a setting."
+    condition = "GPUThermalProblem"
+    metrics = (CheckMetric("gpu_monitor_gpu_temperature_celsius", "gauge",
+                           ("gpu", "uuid", "sensor"),
+                           "GPU temperature per sensor (core, memory).",
+                           details=("uuid", "core_celsius", "memory_celsius"),
+                           samples=temperature_samples),)
 
     def __init__(self) -> None:
         self._clear = ClearTracker(self.name)
@@ -103,8 +137,8 @@ class Temperature(Check):
     def _judge(self, ctx: Context, r: _Reading, peers: list[_Reading]) -> Result:
         t = r.temps
         target = gpu_target(r.gpu.index)
-        gradient_limit = float(ctx.setting(self.name, "gradient_limit_celsius", 20))
-        deviation_limit = float(ctx.setting(self.name, "peer_deviation_celsius", 20))
+        gradient_limit = float(ctx.setting(self.name, "gradient_limit_celsius"))
+        deviation_limit = float(ctx.setting(self.name, "peer_deviation_celsius"))
         slowdown, source = _positive(t.slowdown_c), "nvml"
         if slowdown is None:
             slowdown = _positive(ctx.setting(self.name, "slowdown_temp_celsius"))

@@ -39,13 +39,21 @@ Guarantees:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from checks._gpus import ABSENT, error_details, poll_gpus, read_error, unidentified
-from gpu_monitor.check import Check, ClearTracker, Context
+from gpu_monitor.check import Check, ClearTracker, Context, Setting
 from gpu_monitor.hw.nvml import GpuInfo, NvmlError, NvmlErrorKind
+from gpu_monitor.metric_families import (
+    CheckMetric,
+    LatestResult,
+    MetricsHistory,
+    Sample,
+    gpu_labels,
+)
 from gpu_monitor.model import STATUS_SEVERITY, Action, Kind, Result, Status, gpu_target
+from gpu_monitor.profiles.schema import SECONDS, Num
 
 #: nvmlClocksEventReason* bits by the name used in details and as the metrics ``event`` label.
 EVENT_BITS: dict[str, int] = {
@@ -72,6 +80,11 @@ COUNTER_EVENT = "hw_thermal_slowdown"
 # Equal severity names the specific cause before the umbrella HW slowdown bit it comes with.
 _SPECIFIC_FIRST = ("hw_thermal_slowdown", "hw_power_brake", "hw_slowdown")
 _MAX_SAMPLES = 2000  # per GPU; bounds the stored history however short the poll interval
+#: The ``event`` label of ``gpu_monitor_gpu_clock_event_active``: every current NVML clock event
+#: reason (the legacy board-limit / reliability bits are not exported).
+CLOCK_EVENTS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake", "sw_power_cap",
+                "sw_thermal_slowdown", "gpu_idle", "applications_clocks_setting",
+                "sync_boost", "display_clock_setting")
 
 
 def window_credit(samples: Sequence[Sequence[Any]], start: float, max_gap_s: float
@@ -100,6 +113,18 @@ def window_credit(samples: Sequence[Sequence[Any]], start: float, max_gap_s: flo
     return credit, observed
 
 
+def clock_event_samples(results: Sequence[LatestResult], history: MetricsHistory
+                        ) -> Iterable[Sample]:
+    """1 per clock event reason active on each GPU at its last poll, 0 for the others."""
+    for r in results:
+        labels = gpu_labels(r)
+        if labels is None or "active_events" not in r.details:
+            continue
+        active = set(r.details.get("active_events") or ())
+        for event in CLOCK_EVENTS:
+            yield (*labels, event), 1.0 if event in active else 0.0
+
+
 class Throttle(Check):
     name = "throttle"
     kinds = frozenset({Kind.PASSIVE, Kind.BOOTSTRAP})
@@ -111,6 +136,19 @@ class Throttle(Check):
     timeout = 30.0
     reasons = ("HwSlowdown", "HwThermalSlowdown", "HwPowerBrake", "NvmlReadError", "GpuLost",
                "NotSupported", "NoGpu")
+    settings = {
+        "window_s": Setting(SECONDS, 600, "s", "GPUd hw-slowdown window (10 min)"),
+        "degraded_fraction": Setting(
+            Num(0, 1, lo_open=True), 0.05,
+            "fraction of the window with HW slowdown/thermal/power brake active",
+            "project (GPUd: ≥ 0.6 events/min)", at_most="failed_fraction"),
+        "failed_fraction": Setting(Num(0, 1, lo_open=True), 0.25, "fraction", "project"),
+    }
+    condition = "GPUThermalProblem"
+    metrics = (CheckMetric("gpu_monitor_gpu_clock_event_active", "gauge",
+                           ("gpu", "uuid", "event"),
+                           "1 while the NVML clock event reason is active on the GPU.",
+                           details=("uuid", "active_events"), samples=clock_event_samples),)
 
     def __init__(self) -> None:
         self._clear = ClearTracker(self.name)
@@ -132,59 +170,25 @@ class Throttle(Check):
     # --- one GPU ---------------------------------------------------------------------------
 
     def _judge(self, ctx: Context, gpu: GpuInfo, hist: dict[str, dict[str, Any]]) -> Result:
-        nvml = ctx.host.nvml
+        """One GPU: read its clock events, add the sample to its window, judge the window."""
         target = gpu_target(gpu.index)
         base: dict[str, Any] = {"uuid": gpu.uuid}
         unread = unidentified(self, ctx, gpu, base, "clock events")
         if unread is not None:
             return unread
-        try:
-            mask = nvml.clock_event_reasons(gpu.index)
-        except NvmlError as err:
-            return read_error(self, ctx, target, base, err, "clock event reasons")
-        thermal_ns: int | None = None
-        counter_error: NvmlError | None = None
-        try:
-            thermal_ns = nvml.violation_ns(gpu.index, "thermal").violation_ns
-        except NvmlError as err:
-            if err.kind is NvmlErrorKind.GPU_LOST:
-                return read_error(self, ctx, target, base, err, "violation time")
-            base["violation_counter_error"] = str(err)
-            if err.kind not in ABSENT:
-                counter_error = err
-
-        window = float(ctx.setting(self.name, "window_s", 600))
-        deg = float(ctx.setting(self.name, "degraded_fraction", 0.05))
-        fail = float(ctx.setting(self.name, "failed_fraction", 0.25))
+        read = self._read(ctx, gpu, target, base)
+        if isinstance(read, Result):
+            return read
+        mask, thermal_ns, counter_error = read
+        window = float(ctx.setting(self.name, "window_s"))
+        deg = float(ctx.setting(self.name, "degraded_fraction"))
+        fail = float(ctx.setting(self.name, "failed_fraction"))
         interval = float(ctx.setting(self.name, "interval_s", self.interval) or self.interval)
         max_gap = max(3 * interval, 60.0)
-        now = ctx.clock.now().timestamp()
-        entry = hist.get(str(gpu.index))
-        if entry is None or entry.get("uuid") != gpu.uuid:
-            entry = {"uuid": gpu.uuid, "samples": []}
-        # A sample from the future (the clock stepped back) cannot bound an interval.
-        samples = [s for s in entry["samples"] if s[0] < now]
-        samples.append([round(now, 3), mask, thermal_ns])
-        older = [i for i, s in enumerate(samples) if s[0] < now - window]
-        samples = samples[older[-1]:] if older else samples
-        entry["samples"] = samples[-_MAX_SAMPLES:]
-        hist[str(gpu.index)] = entry
-        credit, observed = window_credit(entry["samples"], now - window, max_gap)
-
+        credit, observed = _add_sample(ctx, gpu, hist, [mask, thermal_ns], window, max_gap)
         mode = ("instantaneous" if observed <= 0
                 else "partial" if observed < window - max_gap else "sliding")
-        findings: list[tuple[Status, str]] = []
-        for event in FAULT_EVENTS:
-            active_now = bool(mask & EVENT_BITS[event])
-            fraction = credit[event] / window
-            status = (Status.FAILED if fraction >= fail and mode != "instantaneous"
-                      else Status.DEGRADED if fraction >= deg and mode != "instantaneous"
-                      else Status.OK)
-            if status is Status.OK and active_now and mode != "sliding":
-                status = Status.DEGRADED
-            findings.append((status, event))
-        status, event = max(findings, key=lambda f: (STATUS_SEVERITY[f[0]],
-                                                     -_SPECIFIC_FIRST.index(f[1])))
+        status, event = _worst_event(mask, credit, mode, window, deg, fail)
         active = [name for name, bit in EVENT_BITS.items() if mask & bit]
         details = {
             **base,
@@ -213,12 +217,41 @@ class Throttle(Check):
             note = f"; not faults: {', '.join(others)}" if others else ""
             return self.ok(ctx, target, f"no HW slowdown over {_span(mode, observed)}{note}",
                            details)
+        return self._finding(ctx, target, status, event, credit[event], observed, details)
+
+    def _read(self, ctx: Context, gpu: GpuInfo, target: str, base: dict[str, Any]
+              ) -> Result | tuple[int, int | None, NvmlError | None]:
+        """The clock event bitmask and the thermal violation counter (None: not read, and the
+        error when that is not the driver lacking it); a Result when the GPU cannot be judged.
+        A counter error other than a lost GPU is noted in ``base``."""
+        nvml = ctx.host.nvml
+        try:
+            mask = nvml.clock_event_reasons(gpu.index)
+        except NvmlError as err:
+            return read_error(self, ctx, target, base, err, "clock event reasons")
+        thermal_ns: int | None = None
+        counter_error: NvmlError | None = None
+        try:
+            thermal_ns = nvml.violation_ns(gpu.index, "thermal").violation_ns
+        except NvmlError as err:
+            if err.kind is NvmlErrorKind.GPU_LOST:
+                return read_error(self, ctx, target, base, err, "violation time")
+            base["violation_counter_error"] = str(err)
+            if err.kind not in ABSENT:
+                counter_error = err
+        return mask, thermal_ns, counter_error
+
+    def _finding(self, ctx: Context, target: str, status: Status, event: str, credit_s: float,
+                 observed: float, details: dict[str, Any]) -> Result:
+        """The GPU's degraded or failed result for its worst fault event."""
+        mode, window = details["window"], details["window_s"]
+        deg, fail = details["degraded_fraction"], details["failed_fraction"]
         if mode == "instantaneous":
             message = (f"{event} active now on {target} (instantaneous sample, no history: a "
                        "window is needed to tell a blip from a sustained slowdown)")
         else:
-            message = (f"{event} active {credit[event]:.0f} s of the last {window:.0f} s on "
-                       f"{target} ({credit[event] / window:.1%}; degraded at {deg:.0%}, failed "
+            message = (f"{event} active {credit_s:.0f} s of the last {window:.0f} s on "
+                       f"{target} ({credit_s / window:.1%}; degraded at {deg:.0%}, failed "
                        f"at {fail:.0%}; {mode} window, {observed:.0f} s observed)")
         action = Action.REPLACE if status is Status.FAILED else Action.WATCH
         return self.result(ctx, status, target, FAULT_EVENTS[event], message, details, action)
@@ -238,6 +271,42 @@ class Throttle(Check):
                 self._hist[str(key)] = {"uuid": entry.get("uuid") if good else None,
                                         "samples": sorted(good, key=lambda s: s[0])}
         return self._hist
+
+
+def _add_sample(ctx: Context, gpu: GpuInfo, hist: dict[str, dict[str, Any]],
+                reading: list[Any], window: float, max_gap: float
+                ) -> tuple[dict[str, float], float]:
+    """Append ``[now, *reading]`` to the GPU's window (a new UUID starts a new one), drop what
+    fell out of it, and credit each fault event over it (``window_credit``)."""
+    now = ctx.clock.now().timestamp()
+    entry = hist.get(str(gpu.index))
+    if entry is None or entry.get("uuid") != gpu.uuid:
+        entry = {"uuid": gpu.uuid, "samples": []}
+    # A sample from the future (the clock stepped back) cannot bound an interval.
+    samples = [s for s in entry["samples"] if s[0] < now]
+    samples.append([round(now, 3), *reading])
+    older = [i for i, s in enumerate(samples) if s[0] < now - window]
+    samples = samples[older[-1]:] if older else samples
+    entry["samples"] = samples[-_MAX_SAMPLES:]
+    hist[str(gpu.index)] = entry
+    return window_credit(entry["samples"], now - window, max_gap)
+
+
+def _worst_event(mask: int, credit: dict[str, float], mode: str, window: float, deg: float,
+                 fail: float) -> tuple[Status, str]:
+    """Each fault event's status from its share of the window (an event active now keeps at
+    least ``degraded`` until the window is fully observed); the worst, the specific first."""
+    findings: list[tuple[Status, str]] = []
+    for event in FAULT_EVENTS:
+        active_now = bool(mask & EVENT_BITS[event])
+        fraction = credit[event] / window
+        status = (Status.FAILED if fraction >= fail and mode != "instantaneous"
+                  else Status.DEGRADED if fraction >= deg and mode != "instantaneous"
+                  else Status.OK)
+        if status is Status.OK and active_now and mode != "sliding":
+            status = Status.DEGRADED
+        findings.append((status, event))
+    return max(findings, key=lambda f: (STATUS_SEVERITY[f[0]], -_SPECIFIC_FIRST.index(f[1])))
 
 
 def _valid_sample(s: Any) -> bool:

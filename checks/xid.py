@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -46,8 +46,9 @@ from checks._kmsg_events import (
     reset_times,
     worse_than,
 )
-from gpu_monitor.check import Check, ClearTracker, Context
+from gpu_monitor.check import Check, ClearTracker, Context, Setting
 from gpu_monitor.hw.kmsg import KmsgGap, KmsgRecord
+from gpu_monitor.metric_families import CheckMetric, LatestResult, MetricsHistory, Sample
 from gpu_monitor.model import (
     NODE,
     Action,
@@ -59,6 +60,7 @@ from gpu_monitor.model import (
     parse_iso,
     pcie_target,
 )
+from gpu_monitor.profiles.schema import POSITIVE_INT, SECONDS, SECONDS0
 from gpu_monitor.rules import xid_catalog
 from gpu_monitor.rules.xid import (
     ESCALATION_LADDER,
@@ -78,8 +80,6 @@ from gpu_monitor.state import XidEvent
 
 log = logging.getLogger(__name__)
 
-DEFAULTS = {"app_xid_repeat_count": 5, "app_xid_window_s": 86400.0, "app_xid_dedup_s": 180.0,
-            "replace_after_resets": 1, "replay_max_age_s": 7200.0}
 # An Xid 79 and the "fallen off the bus" message about the same GPU this close are one event.
 SAME_BUS_EVENT_S = 300.0
 MAP_REFRESH_S = 60.0
@@ -89,6 +89,16 @@ MEMORY_EVENTS = 100_000
 
 
 # --- the check ---------------------------------------------------------------------------------
+
+
+def xid_event_samples(results: Sequence[LatestResult], history: MetricsHistory
+                      ) -> Iterable[Sample]:
+    """Every XID seen, per GPU and code, counted over the store's whole history (a counter
+    that continues across restarts, so it cannot come from one result)."""
+    counts = history.xid_counts("xid")
+    for (idx, uuid, code), n in sorted(counts.items(), key=lambda kv: (
+            str(kv[0][0]), str(kv[0][1]), kv[0][2])):
+        yield ("" if idx is None else str(idx), uuid or "", str(code)), float(n)
 
 
 class Xid(Check):
@@ -101,6 +111,29 @@ class Xid(Check):
     timeout = 600.0
     reasons = (*(f"Xid{c}" for c in xid_catalog().codes()), FALLEN_OFF_BUS_REASON,
                READ_ERROR)
+    settings = {
+        "app_xid_repeat_count": Setting(
+            POSITIVE_INT, 5,
+            "occurrences of one application XID (13, 31, 43, 45) on one GPU",
+            "NVSentinel health-events-analyzer (5 in 24 h)"),
+        "app_xid_window_s": Setting(SECONDS, 86400, "s",
+                                    "NVSentinel health-events-analyzer (5 in 24 h)"),
+        "app_xid_dedup_s": Setting(
+            SECONDS0, 180,
+            "s; repeats closer than this count once (an XID 13 storm is one event)",
+            "NVSentinel `suppressionWindow: 3m`"),
+        "replace_after_resets": Setting(
+            POSITIVE_INT, 1,
+            "resets/reboots after which a repeating hardware XID suggests `replace`",
+            "SPEC-CHECKS (\"repeats after a reset/reboot escalate\"); GPUd uses 2"),
+        "replay_max_age_s": Setting(
+            SECONDS, 7200, "s; older replayed kernel-log XIDs are history, not findings",
+            "Azure NHC `check_gpu_xid` (2 h)"),
+    }
+    condition = "GPUXidError"
+    metrics = (CheckMetric("gpu_monitor_xid_events_total", "counter", ("gpu", "uuid", "code"),
+                           "NVIDIA Xid events seen in the kernel log, per GPU and code.",
+                           samples=xid_event_samples),)
 
     def __init__(self) -> None:
         self.parse_errors = 0
@@ -234,8 +267,7 @@ class Xid(Check):
                  if not (e.boot_id == boot and e.seq == seq) and e.observed_at <= at]
         status, action, details = self._judge(cls, x, prior, at, boot, index, uuid, ctx)
         fatal = status is Status.FAILED
-        replay_max = float(ctx.setting(self.name, "replay_max_age_s",
-                                       DEFAULTS["replay_max_age_s"]))
+        replay_max = float(ctx.setting(self.name, "replay_max_age_s"))
         age_s = (ctx.clock.now() - at).total_seconds()
         if timed and ctx.host.paths.kmsg_is_device and age_s > replay_max:
             details.update(history=True, age_s=round(age_s, 1), replay_max_age_s=replay_max,
@@ -273,10 +305,9 @@ class Xid(Check):
         if cls.category == "application":
             if cls.sympathetic:
                 return Status.OK, Action.NONE, {"caused_by": x.caused_by, "sympathetic": True}
-            window = float(setting(self.name, "app_xid_window_s", DEFAULTS["app_xid_window_s"]))
-            dedup = float(setting(self.name, "app_xid_dedup_s", DEFAULTS["app_xid_dedup_s"]))
-            limit = int(setting(self.name, "app_xid_repeat_count",
-                                DEFAULTS["app_xid_repeat_count"]))
+            window = float(setting(self.name, "app_xid_window_s"))
+            dedup = float(setting(self.name, "app_xid_dedup_s"))
+            limit = int(setting(self.name, "app_xid_repeat_count"))
             start = at - timedelta(seconds=window)
             times = [e.observed_at for e in prior
                      if e.observed_at >= start and "caused by previous Xid" not in e.message]
@@ -291,8 +322,7 @@ class Xid(Check):
             failed_before = [e for e in prior if e.fatal]  # milder payloads do not count
             occurrences = [(e.observed_at, e.boot_id) for e in failed_before] + [(at, boot)]
             recoveries = count_recoveries(occurrences, reset_times(ctx, index, uuid))
-            limit = int(setting(self.name, "replace_after_resets",
-                                DEFAULTS["replace_after_resets"]))
+            limit = int(setting(self.name, "replace_after_resets"))
             escalated = escalate(action, recoveries, limit)
             details.update(previous_occurrences=len(failed_before), recoveries=recoveries,
                            replace_after_resets=limit)
@@ -346,7 +376,7 @@ class Xid(Check):
                 for pci, (i, uuid) in self._gpu_map(ctx, refresh=True).items()}
         boot = boot_id(ctx)
         now = ctx.clock.now()
-        watch_s = float(ctx.setting(self.name, "app_xid_window_s", DEFAULTS["app_xid_window_s"]))
+        watch_s = float(ctx.setting(self.name, "app_xid_window_s"))
         problems = self._open.current(
             ctx, lambda p: self._still_open(p, boot, now, watch_s, ctx))
         unread = follower_unread(ctx)
@@ -389,10 +419,9 @@ class Xid(Check):
     def _app_repeat(self, ctx: Context, target: str, uuid: str | None, pci: str | None,
                     now: datetime) -> Result | None:
         """``failed`` when an application XID repeats beyond the limit in the window now."""
-        window = float(ctx.setting(self.name, "app_xid_window_s", DEFAULTS["app_xid_window_s"]))
-        dedup = float(ctx.setting(self.name, "app_xid_dedup_s", DEFAULTS["app_xid_dedup_s"]))
-        limit = int(ctx.setting(self.name, "app_xid_repeat_count",
-                                DEFAULTS["app_xid_repeat_count"]))
+        window = float(ctx.setting(self.name, "app_xid_window_s"))
+        dedup = float(ctx.setting(self.name, "app_xid_dedup_s"))
+        limit = int(ctx.setting(self.name, "app_xid_repeat_count"))
         since = now - timedelta(seconds=window)
         if ctx.store is not None:
             try:

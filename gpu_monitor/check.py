@@ -1,12 +1,17 @@
 """The check interface: declared metadata plus ``run`` / ``poll`` / ``on_kmsg``.
 
-A check is a class in its own module under ``checks/`` whose class attributes declare what it is
-(name = module name, kinds, summary, requirements, whether a bootstrap requires it, interval,
-timeout, every reason it may emit).
-The declaration drives the runner (requirement gate, timeout), the docs catalog, the metrics
-(every declared reason's counter starts at 0) and the test markers. A check reads the host only
-through its ``Context`` and returns ``Result`` values; it never touches Prometheus, Kubernetes or
-another check.
+A check is a class in its own module under ``checks/`` whose class attributes declare all there
+is to know about it: what it is (name = module name, kinds, summary, requirements, interval,
+timeout, every reason it may emit), whether a bootstrap requires it, its typed settings and
+their defaults (``settings``, one ``Setting`` per key) and the profile sections it is judged
+against (``sections``), the NodeCondition its findings raise (``condition``) and the metric
+families it exports (``metrics``, built from its results by a pure function).
+
+The declaration is the only place that knows the check: the runner (requirement gate,
+timeout), the profile and config schemas (``gpu_monitor.profiles.settings``), the remediation
+policy's problem classes, the metrics collector, docs/checks.md, docs/configuration.md and
+docs/metrics.md are all composed from it. A check reads the host only through its ``Context``
+and returns ``Result`` values; it never touches Prometheus, Kubernetes or another check.
 """
 
 from __future__ import annotations
@@ -14,10 +19,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpu_monitor.clock import Clock
+from gpu_monitor.metric_families import CheckMetric
 from gpu_monitor.model import NODE, STATUS_SEVERITY, Action, Kind, Result, Status
+from gpu_monitor.profiles.schema import Spec
 
 if TYPE_CHECKING:  # pragma: no cover
     from gpu_monitor.config import Config
@@ -47,14 +55,34 @@ REQUIREMENTS = frozenset(
 
 
 @dataclass(frozen=True)
+class Setting:
+    """One setting a check reads (``checks.<check>.<key>`` in a profile or the config).
+
+    ``spec`` is its type and domain: a file that sets it is refused at load unless the value
+    fits, so the check never sees a value of the wrong type. ``default`` is the value when no
+    profile or config sets it (None: no default; the check's section or its code decides); a
+    profile lists only what differs from it. ``meaning``, ``source`` and the defaults are what
+    docs/configuration.md shows. ``at_most`` names another of the check's keys this one may not
+    exceed (a degraded threshold and its failed one)."""
+
+    spec: Spec
+    default: Any = None
+    meaning: str = ""
+    source: str = ""
+    at_most: str = ""
+
+
+@dataclass(frozen=True)
 class Finding:
-    """One thing a check found about a target, before the target's one result is chosen."""
+    """One thing a check found about a target, before the target's one result is chosen
+    (``target``: a check that judges several targets at once says which)."""
 
     status: Status
     reason: str
     message: str
     action: Action = Action.NONE
     evidence: Mapping[str, Any] = field(default_factory=dict)
+    target: str = NODE
 
 
 def worst(findings: Sequence[Finding], priority: Sequence[str] = ()) -> Finding | None:
@@ -130,6 +158,20 @@ class Check:
     # missing (the requirement gate cannot see everything: dcgmi installed but no host engine).
     # For a required check in a bootstrap the runner reports them `unknown`.
     unavailable_reasons: ClassVar[tuple[str, ...]] = ()
+    # Its settings, one per key (``Setting``: type, default, meaning, source), and the profile
+    # hardware sections it is judged against, in the order ``Profile.check_setting`` looks
+    # (``("fabric", "nccl")``): their keys are its settings too.
+    settings: ClassVar[Mapping[str, Setting]] = MappingProxyType({})
+    sections: ClassVar[tuple[str, ...]] = ()
+    # A line docs/configuration.md prints under the check's settings (what it judges without
+    # a setting).
+    settings_note: ClassVar[str] = ""
+    # The NodeCondition type its degraded/failed findings set (status True = the problem is
+    # present, as node-problem-detector does); None: the shared ``GPUProblem``. Built-in checks
+    # only: the admission policy lists every condition type a node may set.
+    condition: ClassVar[str | None] = None
+    # The metric families it exports, each built from its newest results (``CheckMetric``).
+    metrics: ClassVar[tuple[CheckMetric, ...]] = ()
 
     # --- what a check implements -------------------------------------------------------
 
@@ -165,6 +207,8 @@ class Check:
             "interval_s": cls.interval,
             "timeout_s": cls.timeout,
             "reasons": list(cls.reasons),
+            "settings": sorted(cls.settings),
+            "metrics": [m.name for m in cls.metrics],
         }
 
     def result(

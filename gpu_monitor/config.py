@@ -23,6 +23,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 from collections.abc import Iterable, Mapping, Sequence
@@ -31,9 +32,18 @@ from typing import Any
 
 from gpu_monitor.hw.paths import DEFAULT_REBOOT_SENTINEL
 from gpu_monitor.profiles import (
-    CHECK_SETTINGS,
     COMMON_CHECK_KEYS,
-    PROFILE_SCHEMA,
+    Profile,
+    ProfileError,
+    check_settings,
+    declared_settings,
+    load_profile,
+    match_profile,
+    profile_schema,
+    setting_spec,
+)
+from gpu_monitor.profiles.nested import freeze
+from gpu_monitor.profiles.schema import (
     SECONDS,
     SECONDS0,
     Any_,
@@ -44,22 +54,14 @@ from gpu_monitor.profiles import (
     Nullable,
     Num,
     Partial,
-    Profile,
-    ProfileError,
     SchemaError,
     Spec,
     Str,
-    declared_settings,
-    freeze,
-    load_profile,
-    match_profile,
-    read_text,
-    read_yaml,
     schema_paths,
-    setting_spec,
     suggest,
     validate,
 )
+from gpu_monitor.profiles.yaml_reader import read_text, read_yaml
 
 __all__ = [
     "DEFAULT_CONFIG",
@@ -300,10 +302,6 @@ def _check_block(name: str) -> Map:
 _GENERIC_CHECK = Map(dict(SWITCH_KEYS) | dict(COMMON_CHECK_KEYS), extra=Any_(), typo_cutoff=0.8,
                      doc="a mapping of check settings")
 
-_CHECKS = Map({name: _check_block(name) for name in CHECK_SETTINGS}, extra=_GENERIC_CHECK,
-              typo_cutoff=None,  # names are checked by validate_checks(), never guessed here
-              doc="a mapping of check name -> settings")
-
 
 @dataclass(frozen=True)
 class _Listen(Spec):
@@ -323,57 +321,66 @@ _TAINT_KEY = Str(pattern=r"([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?"
                          r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?",
                  what="a Kubernetes taint key such as 'gpu-monitor.io/unhealthy'")
 
-CONFIG_SCHEMA = Map({
-    "node_name": Nullable(Str()),
-    "profile": Str(what="'auto', a shipped profile name or a profile file path"),
-    "expected_gpus": Nullable(Int(0)),
-    "profile_overrides": Partial(PROFILE_SCHEMA),
-    "checks": _CHECKS,
-    "enabled_checks": Nullable(List(Str(what="a check name"))),
-    "disabled_checks": List(Str(what="a check name")),
-    "state_path": Nullable(Str(what="a file path or ':memory:'")),
-    "log_format": Str(choices=LOG_FORMATS, lower=True),
-    "log_level": Str(choices=LOG_LEVELS, lower=True),
-    "daemon": Map({
-        "listen": _Listen(),
-        "report_dir": Nullable(Str(what="a directory path")),
-        "kmsg_replay": Bool(),
-        "bootstrap_on_start": Bool(),
-        "bootstrap_retry_s": SECONDS,
-        "recover_corrupt_state": Bool(),
-    }),
-    "remediation": Map({
-        "enabled": Bool(),
-        "dry_run": Bool(),
-        "taint_key": _TAINT_KEY,
-        "hysteresis_polls": Int(1),
-        "hysteresis_s": SECONDS0,
-        "breaker": Map({
-            "budget_fraction": Num(0, 1, lo_open=True),
-            "max_nodes": Int(1),
-            "cooldown_s": SECONDS0,
-            "ttl_s": SECONDS,
+
+@functools.cache
+def config_schema() -> Map:
+    """The schema of the config file. Composed on first use: its ``checks`` blocks and
+    ``profile_overrides`` follow the checks' declarations (``gpu_monitor.profiles.settings``)."""
+    checks = Map({name: _check_block(name) for name in check_settings()},
+                 extra=_GENERIC_CHECK,
+                 typo_cutoff=None,  # names are checked by validate_checks(), never guessed here
+                 doc="a mapping of check name -> settings")
+    return Map({
+        "node_name": Nullable(Str()),
+        "profile": Str(what="'auto', a shipped profile name or a profile file path"),
+        "expected_gpus": Nullable(Int(0)),
+        "profile_overrides": Partial(profile_schema()),
+        "checks": checks,
+        "enabled_checks": Nullable(List(Str(what="a check name"))),
+        "disabled_checks": List(Str(what="a check name")),
+        "state_path": Nullable(Str(what="a file path or ':memory:'")),
+        "log_format": Str(choices=LOG_FORMATS, lower=True),
+        "log_level": Str(choices=LOG_LEVELS, lower=True),
+        "daemon": Map({
+            "listen": _Listen(),
+            "report_dir": Nullable(Str(what="a directory path")),
+            "kmsg_replay": Bool(),
+            "bootstrap_on_start": Bool(),
+            "bootstrap_retry_s": SECONDS,
+            "recover_corrupt_state": Bool(),
         }),
-        "drain": Map({
-            "timeout_s": SECONDS,
-            "gpu_pods_only": Bool(),
-            "delete_emptydir_data": Bool(),
-            "force_delete": Bool(),
+        "remediation": Map({
+            "enabled": Bool(),
+            "dry_run": Bool(),
+            "taint_key": _TAINT_KEY,
+            "hysteresis_polls": Int(1),
+            "hysteresis_s": SECONDS0,
+            "breaker": Map({
+                "budget_fraction": Num(0, 1, lo_open=True),
+                "max_nodes": Int(1),
+                "cooldown_s": SECONDS0,
+                "ttl_s": SECONDS,
+            }),
+            "drain": Map({
+                "timeout_s": SECONDS,
+                "gpu_pods_only": Bool(),
+                "delete_emptydir_data": Bool(),
+                "force_delete": Bool(),
+            }),
+            "reboot_sentinel": Nullable(Str(what="a file path")),
+            "retest_max_failures": Int(1),
         }),
-        "reboot_sentinel": Nullable(Str(what="a file path")),
-        "retest_max_failures": Int(1),
-    }),
-    "nccl": Map({
-        "ib_timeout": Nullable(Int(1, 31)),
-        "ib_retry_cnt": Nullable(Int(0, 7)),
-    }),
-}, doc="a mapping")
+        "nccl": Map({
+            "ib_timeout": Nullable(Int(1, 31)),
+            "ib_retry_cnt": Nullable(Int(0, 7)),
+        }),
+    }, doc="a mapping")
 
 
 def config_keys() -> list[str]:
     """Every declared config key path except those under ``profile_overrides`` / ``checks``
     (which follow the profile schema and the check settings)."""
-    return [p for p in schema_paths(CONFIG_SCHEMA)
+    return [p for p in schema_paths(config_schema())
             if not p.startswith(("profile_overrides.", "checks."))]
 
 
@@ -416,7 +423,7 @@ def parse_config(data: Any, source: str | None = None,
     env = os.environ if env is None else env
     if data is None:
         data = {}
-    out, problems = validate(CONFIG_SCHEMA, data)
+    out, problems = validate(config_schema(), data)
     if not problems:
         problems = _cross_checks(out)
     if problems:

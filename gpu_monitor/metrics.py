@@ -1,19 +1,24 @@
-"""Prometheus exposition built from a store snapshot at scrape time.
+"""Prometheus exposition built from a store snapshot at scrape time: a composer, not a catalog.
 
 A custom collector (the prometheus_client pattern for exporters): no global metric objects are
-mutated from worker threads; every scrape reads the store (results, runs, counters, XID and
-downtime history) and the daemon's in-process statistics, and yields fresh metric families.
+mutated from worker threads; every scrape reads the store and the daemon's in-process
+statistics and yields fresh metric families. The collector owns only the framework's families
+(``METRICS``: every check's status, success, duration and results counter, the bootstrap gate,
+state recoveries, the kernel-log follower's counters); every family about what a check found
+is declared on that check (``Check.metrics``) and built by the check's own pure function from
+its newest results (gpu_monitor/metric_families.py). The collector only composes them, in the
+order of the checks it serves.
 
 Conventions (DESIGN.md §8): names ``gpu_monitor_<subsystem>_<quantity>_<unit>``, base units,
 ``_total`` only on counters, a fixed label vocabulary. Every declared reason's results counter is
-present at 0 from start-up; an XID series appears when its code is first seen. ``METRICS`` below
-is the declaration the docs' metrics reference is generated from (a test checks they agree).
+present at 0 from start-up; an XID series appears when its code is first seen. docs/metrics.md
+is generated from ``documented_metrics`` (a test checks they agree).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from prometheus_client.core import (
@@ -23,18 +28,10 @@ from prometheus_client.core import (
 )
 
 from gpu_monitor import __version__
+from gpu_monitor.metric_families import CheckMetric, LatestResult, MetricDoc
 from gpu_monitor.model import Status
 
-
-@dataclass(frozen=True)
-class MetricDoc:
-    name: str
-    type: str
-    labels: tuple[str, ...]
-    help: str
-
-
-METRICS: tuple[MetricDoc, ...] = (
+_CHECK_METRICS: tuple[MetricDoc, ...] = (
     MetricDoc("gpu_monitor_build_info", "info", ("version",),
               "Build information of the running gpu-monitor."),
     MetricDoc("gpu_monitor_check_status", "gauge", ("check", "target", "status"),
@@ -47,20 +44,8 @@ METRICS: tuple[MetricDoc, ...] = (
               "Unix time the check last ran."),
     MetricDoc("gpu_monitor_check_results_total", "counter", ("check", "reason"),
               "Results produced per check and reason; every declared reason starts at 0."),
-    MetricDoc("gpu_monitor_xid_events_total", "counter", ("gpu", "uuid", "code"),
-              "NVIDIA Xid events seen in the kernel log, per GPU and code."),
-    MetricDoc("gpu_monitor_sxid_events_total", "counter", ("code",),
-              "NVSwitch SXid events seen in the kernel log, per code."),
-    MetricDoc("gpu_monitor_rdma_port_down_seconds_total", "counter", ("device", "port"),
-              "Cumulative time the RDMA port was observed down."),
-    MetricDoc("gpu_monitor_rdma_port_outages_total", "counter", ("device", "port"),
-              "RDMA port outages observed (including link_downed increments between polls)."),
-    MetricDoc("gpu_monitor_rdma_port_state", "gauge", ("device", "port", "state"),
-              "Logical state of each RDMA port (1 = current)."),
-    MetricDoc("gpu_monitor_gpu_clock_event_active", "gauge", ("gpu", "uuid", "event"),
-              "1 while the NVML clock event reason is active on the GPU."),
-    MetricDoc("gpu_monitor_gpu_temperature_celsius", "gauge", ("gpu", "uuid", "sensor"),
-              "GPU temperature per sensor (core, memory)."),
+)
+_NODE_METRICS: tuple[MetricDoc, ...] = (
     MetricDoc("gpu_monitor_bootstrap_state", "gauge", ("state",),
               "The provisioning gate: passed (a pass is recorded), failed, unknown (last suite "
               "undecided) or pending (not run yet); 1 = current."),
@@ -72,24 +57,22 @@ METRICS: tuple[MetricDoc, ...] = (
     MetricDoc("gpu_monitor_kmsg_gaps_total", "counter", (),
               "Kernel ring-buffer overruns (records lost before they were read)."),
 )
+#: The collector's own families (the checks' are on the checks).
+METRICS: tuple[MetricDoc, ...] = (*_CHECK_METRICS, *_NODE_METRICS)
 
 STATUS_STATES = tuple(s.value for s in Status)
 BOOTSTRAP_STATES = ("passed", "failed", "unknown", "pending")
-PORT_STATES = ("active", "down", "init", "armed", "active_defer", "unknown")
-CLOCK_EVENTS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake", "sw_power_cap",
-                "sw_thermal_slowdown", "gpu_idle", "applications_clocks_setting",
-                "sync_boost", "display_clock_setting")
 
 
-@dataclass(frozen=True)
-class _Row:
-    """The newest result of one (check, target), as much as metrics need."""
+def documented_metrics(checks: Iterable[type] | None = None) -> tuple[MetricDoc, ...]:
+    """Every family the collector serves for ``checks`` (default: the built-in checks), in
+    exposition order: the framework's, each check's own, then the node's."""
+    if checks is None:
+        from gpu_monitor.registry import all_check_classes
 
-    check: str
-    target: str
-    status: str
-    reason: str
-    details: dict
+        checks = all_check_classes(plugins=False)
+    own = [m for cls in checks for m in getattr(cls, "metrics", ())]
+    return (*_CHECK_METRICS, *own, *_NODE_METRICS)
 
 
 def _help(name: str) -> str:
@@ -99,18 +82,51 @@ def _help(name: str) -> str:
     raise KeyError(name)
 
 
-def _gpu_of(target: str) -> str | None:
-    if target.startswith("gpu:"):
-        return target.split(":", 1)[1]
-    return None
+def _family(doc: MetricDoc):
+    """An empty prometheus_client family for ``doc`` (counters are named without ``_total``:
+    the client appends it)."""
+    if doc.type == "counter":
+        return CounterMetricFamily(doc.name.removesuffix("_total"), doc.help,
+                                   labels=list(doc.labels))
+    return GaugeMetricFamily(doc.name, doc.help, labels=list(doc.labels))
+
+
+class _StoreHistory:
+    """The store's history as a check's metric family may read it (``MetricsHistory``):
+    read-only, with down time counted up to this scrape."""
+
+    def __init__(self, store, now: Any):
+        self._store, self._now = store, now
+
+    def xid_counts(self, kind: str):
+        return self._store.xid_counts(kind=kind)
+
+    def known_ports(self):
+        return self._store.known_ports()
+
+    def port_down_seconds(self, device: str, port: int) -> float:
+        return self._store.port_down_total_s(device, port, self._now)
+
+    def port_outages(self, device: str, port: int) -> int:
+        return self._store.port_outages_total(device, port)
+
+
+def _declared_view(rows: Sequence[LatestResult], metric: CheckMetric) -> list[LatestResult]:
+    """``rows`` with only the details keys ``metric`` declares (guarantee 2 of
+    gpu_monitor/metric_families.py)."""
+    keys = metric.details
+    return [LatestResult(r.check, r.target, r.status, r.reason,
+                         MappingProxyType({k: r.details[k] for k in keys if k in r.details}))
+            for r in rows]
 
 
 class StoreCollector:
     """Collects every gpu-monitor series from ``store`` and ``stats`` at scrape time.
 
     ``checks`` are the check classes the daemon runs (their declared reasons seed the results
-    counter at 0); ``stats`` returns process-local counters (kmsg parse errors and gaps);
-    ``extra`` collectors (remediation) contribute their own families.
+    counter at 0, their declared families are built from their results); ``stats`` returns
+    process-local counters (kmsg parse errors and gaps); ``extra`` collectors (remediation)
+    contribute their own families.
     """
 
     def __init__(self, store, checks: Iterable[type] = (),
@@ -130,11 +146,9 @@ class StoreCollector:
         info = InfoMetricFamily("gpu_monitor_build", _help("gpu_monitor_build_info"))
         info.add_metric([], {"version": __version__})
         yield info
-        latest = [_Row(*row) for row in self.store.latest_rows()]
+        latest = [LatestResult(*row) for row in self.store.latest_rows()]
         yield from self._check_metrics(latest)
-        yield from self._xid_metrics()
-        yield from self._rdma_metrics(latest)
-        yield from self._gpu_metrics(latest)
+        yield from self._checks_own_metrics(latest)
         yield self._bootstrap_metric()
         yield from self._recoveries_metric()
         stats = self.stats()
@@ -145,6 +159,18 @@ class StoreCollector:
             yield c
         for fn in self.extra:
             yield from fn()
+
+    def _checks_own_metrics(self, latest: Sequence[LatestResult]):
+        """Each served check's declared families, built by the check from its newest results
+        (sorted by target) and a read-only view of the store's history."""
+        history = _StoreHistory(self.store, self.now() if self.now else None)
+        for cls in self.checks:
+            rows = sorted((r for r in latest if r.check == cls.name), key=lambda r: r.target)
+            for metric in getattr(cls, "metrics", ()):
+                family = _family(metric)
+                for labels, value in metric.samples(_declared_view(rows, metric), history):
+                    family.add_metric(list(labels), float(value))
+                yield family
 
     def _bootstrap_metric(self):
         state = "pending"
@@ -215,81 +241,3 @@ class StoreCollector:
         for (check, reason), n in sorted(counts.items()):
             results.add_metric([check, reason], float(n))
         yield results
-
-    # --- XIDs --------------------------------------------------------------------------------------
-
-    def _xid_metrics(self):
-        xid = CounterMetricFamily("gpu_monitor_xid_events", _help("gpu_monitor_xid_events_total"),
-                                  labels=["gpu", "uuid", "code"])
-        for (idx, uuid, code), n in sorted(self.store.xid_counts(kind="xid").items(),
-                                           key=lambda kv: (str(kv[0][0]), str(kv[0][1]),
-                                                           kv[0][2])):
-            xid.add_metric(["" if idx is None else str(idx), uuid or "", str(code)], float(n))
-        yield xid
-        sxid = CounterMetricFamily("gpu_monitor_sxid_events",
-                                   _help("gpu_monitor_sxid_events_total"), labels=["code"])
-        per_code: dict[int, int] = {}
-        for (_idx, _uuid, code), n in self.store.xid_counts(kind="sxid").items():
-            per_code[code] = per_code.get(code, 0) + n
-        for code, n in sorted(per_code.items()):
-            sxid.add_metric([str(code)], float(n))
-        yield sxid
-
-    # --- RDMA --------------------------------------------------------------------------------------
-
-    def _rdma_metrics(self, latest):
-        now = self.now() if self.now else None
-        down = CounterMetricFamily("gpu_monitor_rdma_port_down_seconds",
-                                   _help("gpu_monitor_rdma_port_down_seconds_total"),
-                                   labels=["device", "port"])
-        outages = CounterMetricFamily("gpu_monitor_rdma_port_outages",
-                                      _help("gpu_monitor_rdma_port_outages_total"),
-                                      labels=["device", "port"])
-        ports = set(self.store.known_ports())
-        port_results = {}
-        for r in latest:
-            if r.check == "rdma_ports" and r.target.startswith("ib:"):
-                _, dev, port = r.target.split(":")
-                ports.add((dev, int(port)))
-                port_results[(dev, int(port))] = r
-        for dev, port in sorted(ports):
-            down.add_metric([dev, str(port)], float(self.store.port_down_total_s(dev, port, now)))
-            outages.add_metric([dev, str(port)], float(self.store.port_outages_total(dev, port)))
-        yield down
-        yield outages
-        state = GaugeMetricFamily("gpu_monitor_rdma_port_state",
-                                  _help("gpu_monitor_rdma_port_state"),
-                                  labels=["device", "port", "state"])
-        for (dev, port), r in sorted(port_results.items()):
-            current = str(r.details.get("state") or "unknown").lower()
-            if current not in PORT_STATES:
-                current = "unknown"
-            for s in PORT_STATES:
-                state.add_metric([dev, str(port), s], 1.0 if s == current else 0.0)
-        yield state
-
-    # --- GPUs --------------------------------------------------------------------------------------
-
-    def _gpu_metrics(self, latest):
-        events = GaugeMetricFamily("gpu_monitor_gpu_clock_event_active",
-                                   _help("gpu_monitor_gpu_clock_event_active"),
-                                   labels=["gpu", "uuid", "event"])
-        temps = GaugeMetricFamily("gpu_monitor_gpu_temperature_celsius",
-                                  _help("gpu_monitor_gpu_temperature_celsius"),
-                                  labels=["gpu", "uuid", "sensor"])
-        for r in sorted(latest, key=lambda r: (r.check, r.target)):
-            gpu = _gpu_of(r.target)
-            if gpu is None:
-                continue
-            uuid = str(r.details.get("uuid") or "")
-            if r.check == "throttle" and "active_events" in r.details:
-                active = set(r.details.get("active_events") or ())
-                for ev in CLOCK_EVENTS:
-                    events.add_metric([gpu, uuid, ev], 1.0 if ev in active else 0.0)
-            if r.check == "temperature":
-                for sensor, key in (("core", "core_celsius"), ("memory", "memory_celsius")):
-                    value = r.details.get(key)
-                    if isinstance(value, (int, float)):
-                        temps.add_metric([gpu, uuid, sensor], float(value))
-        yield events
-        yield temps

@@ -60,6 +60,13 @@ def all_check_classes(plugins: bool = True) -> list[type[Check]]:
     return classes
 
 
+def problem_classes() -> dict[str, str]:
+    """Check name -> the NodeCondition type its findings set, for every built-in check that
+    declares one (``Check.condition``). Plugins are left out: the admission policy lists the
+    condition types a node may set, so theirs share the default one."""
+    return {c.name: c.condition for c in all_check_classes(plugins=False) if c.condition}
+
+
 def select(classes: Iterable[type[Check]], kinds: Iterable[Kind] | None = None,
            only: Iterable[str] | None = None, skip: Iterable[str] = ()) -> list[type[Check]]:
     """Filter by kind and by ``--checks`` / ``--skip`` names (unknown names are an error)."""

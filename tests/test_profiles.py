@@ -16,31 +16,28 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpu_monitor.profiles import (
-    CHECK_SETTINGS,
     COMMON_CHECK_KEYS,
-    KNOWN_CHECKS,
-    MAX_DEPTH,
-    MAX_FILE_BYTES,
-    MAX_NODES,
-    MAX_SECONDS,
-    PROFILE_SCHEMA,
-    SECONDS,
-    SECONDS0,
-    Int,
-    Num,
     Profile,
     ProfileError,
     SchemaError,
     UndeclaredSetting,
-    _validate_profile,
+    check_settings,
     declared_settings,
+    known_checks,
     list_profiles,
     load_profile,
     match_profile,
     profile_keys,
+    profile_schema,
+    validate_profile,
+)
+from gpu_monitor.profiles.schema import MAX_SECONDS, SECONDS, SECONDS0, Int, Num, validate
+from gpu_monitor.profiles.yaml_reader import (
+    MAX_DEPTH,
+    MAX_FILE_BYTES,
+    MAX_NODES,
     read_text,
     read_yaml,
-    validate,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -91,7 +88,7 @@ def test_every_shipped_simulation_block_merges_into_a_valid_profile(name):
 
 @pytest.mark.parametrize("name", GPU_PROFILES)
 def test_gpu_profiles_declare_every_known_check(name):
-    assert set(load_profile(name).get("checks")) == KNOWN_CHECKS
+    assert set(load_profile(name).get("checks")) == known_checks()
 
 
 # The SPEC-CHECKS per-SKU table, row by row, plus the facts beside it.
@@ -466,7 +463,7 @@ def test_docs_list_every_profile_key():
 
 def test_every_known_check_has_a_settings_entry_and_a_docs_mention():
     text = (REPO / "docs" / "configuration.md").read_text()
-    for check in CHECK_SETTINGS:
+    for check in check_settings():
         assert check in text, check
 
 
@@ -625,13 +622,13 @@ def test_declared_settings_are_the_common_own_and_section_keys():
     assert "links_per_gpu" not in d  # not judged on nvlink
     assert declared_settings("vendor_plugin") is None
     fabric = declared_settings("fabric_probe")
-    assert fabric["small_p95_latency_limit_s"] is PROFILE_SCHEMA.fields["fabric"].fields[
+    assert fabric["small_p95_latency_limit_s"] is profile_schema().fields["fabric"].fields[
         "small_p95_latency_limit_s"]  # fabric before nccl, as check_setting looks
 
 
 def test_the_issues_profile_check_setting_is_typed(tmp_path):
     data = _shipped_dict("h100-sxm-8")
-    data["checks"]["pcie_aer"]["boot_grace_s"] = "soon"
+    data["checks"].setdefault("pcie_aer", {})["boot_grace_s"] = "soon"  # a default: not listed
     with pytest.raises(ProfileError) as err:
         load_profile(str(_write(tmp_path, data)))
     assert err.value.field == "checks.pcie_aer.boot_grace_s"
@@ -680,9 +677,9 @@ _VALUES = st.recursive(_SCALARS, lambda inner: st.one_of(
 
 
 @settings(deadline=None, derandomize=True, max_examples=200)
-@given(st.dictionaries(st.sampled_from([*PROFILE_SCHEMA.fields, "zz"]), _VALUES, max_size=6))
+@given(st.dictionaries(st.sampled_from([*profile_schema().fields, "zz"]), _VALUES, max_size=6))
 def test_profile_validation_raises_only_profile_errors(data):
     try:
-        Profile(_validate_profile(data, "p"))
+        Profile(validate_profile(data, "p"))
     except ProfileError:
         pass

@@ -21,26 +21,21 @@ import pytest
 from gpu_monitor.check import Context
 from gpu_monitor.config import DEFAULT_CONFIG, load_config
 from gpu_monitor.profiles import (
-    CHECK_SETTINGS,
     COMMON_CHECK_KEYS,
-    MAX_SECONDS,
-    PROFILE_SCHEMA,
-    Map,
-    Nullable,
-    Num,
-    Partial,
-    Spec,
     UndeclaredSetting,
+    check_settings,
     declared_settings,
     load_profile,
     profile_keys,
+    profile_schema,
     setting_spec,
 )
+from gpu_monitor.profiles.schema import MAX_SECONDS, Map, Nullable, Num, Partial, Spec
 
 REPO = Path(__file__).resolve().parent.parent
 # The lookup itself (its parameters are the caller's check and key, not settings).
 IMPLEMENTATION = {"gpu_monitor/check.py", "gpu_monitor/config.py",
-                  "gpu_monitor/profiles/__init__.py"}
+                  "gpu_monitor/profiles/profile.py"}
 ANY_CHECK = "*"
 
 
@@ -261,7 +256,7 @@ def test_the_scan_sees_the_reads_it_must():
     got = {(r.check, r.key) for r in READS if r.kind == "setting"}
     assert ("pcie_aer", "boot_grace_s") in got  # the issue's example
     assert ("burn_in", "median_tolerance") in got  # through burn_in's get() wrapper
-    assert ("ecc_memory", "retired_pages_limit") in got  # through a loop over DEFAULTS
+    assert ("ecc_memory", "retired_pages_limit") in got  # through a loop over SETTINGS
     assert ("pcie", "d2h_floor_gb_per_s") in got  # an f-string over ("h2d", "d2h")
     assert ("fabric_probe", "busbw_floor_gb_per_s") in got  # opt_float() -> get()
     assert ("xid", "replace_after_resets") in got  # through `setting = ctx.setting`
@@ -287,29 +282,87 @@ def test_every_setting_read_is_declared_for_its_check():
             ok = declared is not None and r.key in declared
         if not ok:
             missing.append(f"{r.where}: checks.{r.check}.{r.key}")
-    assert not missing, "read but not declared (add a Spec to CHECK_SETTINGS):\n" + "\n".join(
+    assert not missing, "read but not declared (add a Setting to the check's settings):\n" + "\n".join(
         sorted(set(missing)))
 
 
 def test_every_profile_path_read_is_declared():
     keys = set(profile_keys())
     missing = [f"{r.where}: {r.key}" for r in READS if r.kind == "profile" and r.key not in keys]
-    assert not missing, "profile paths read but not in PROFILE_SCHEMA:\n" + "\n".join(missing)
+    assert not missing, "profile paths read but not in the profile schema:\n" + "\n".join(missing)
 
 
 def test_every_declared_check_setting_is_read():
     """A declared key nothing reads would be a setting that silently does nothing."""
     got = {(r.check, r.key) for r in READS if r.kind == "setting"}
-    unread = [f"checks.{c}.{k}" for c, keys in CHECK_SETTINGS.items() for k in keys
+    unread = [f"checks.{c}.{k}" for c, keys in check_settings().items() for k in keys
               if (c, k) not in got]
     assert not unread, f"declared but never read: {unread}"
 
 
 def test_every_built_in_check_reads_only_from_the_table():
-    """No check is missing from CHECK_SETTINGS (its reads would all be undeclared)."""
+    """No check is missing from the declarations (its reads would all be undeclared)."""
     from checks import ALL_CHECKS
 
-    assert {c.name for c in ALL_CHECKS} <= set(CHECK_SETTINGS)
+    assert {c.name for c in ALL_CHECKS} <= set(check_settings())
+
+
+# --- the declarations themselves -----------------------------------------------------------------
+
+
+def _own_settings():
+    from gpu_monitor.profiles.settings import declarations
+
+    return [(name, key, s) for name, d in declarations().items() for key, s in d.settings.items()]
+
+
+@pytest.mark.parametrize(("check", "key", "setting"), _own_settings(),
+                         ids=[f"{c}.{k}" for c, k, _ in _own_settings()])
+def test_every_declared_default_fits_its_own_spec(check, key, setting):
+    """A default is a value a file could have set: the check never sees one of another type."""
+    from gpu_monitor.profiles.schema import validate
+
+    if setting.default is not None:
+        _, problems = validate(setting.spec, setting.default, path=f"checks.{check}.{key}")
+        assert not problems, problems
+    assert setting.meaning, f"checks.{check}.{key} says nothing about what it means"
+
+
+def test_a_checks_own_settings_never_shadow_a_section_key():
+    """Own keys and section keys are different things: a default merged into ``checks.<c>``
+    would hide the section's value from that check."""
+    from gpu_monitor.profiles.sections import SECTIONS
+    from gpu_monitor.profiles.settings import check_sections
+
+    clashes = [f"checks.{c}.{k} vs {sec}.{k}" for c, k, _ in _own_settings()
+               for sec in check_sections(c) if k in SECTIONS[sec].fields]
+    assert not clashes
+
+
+def test_at_most_names_another_setting_of_the_same_check():
+    from gpu_monitor.profiles.settings import check_settings
+
+    for check, key, setting in _own_settings():
+        if setting.at_most:
+            assert setting.at_most in check_settings()[check], (check, key)
+            assert setting.at_most != key
+
+
+def test_a_shipped_profile_lists_only_what_differs_from_the_defaults():
+    """The YAMLs stay short: a value equal to its declared default is noise there."""
+    import yaml
+
+    from gpu_monitor.profiles.settings import setting_defaults
+
+    repeated = []
+    for path in sorted((REPO / "gpu_monitor" / "profiles").glob("*.yaml")):
+        for check, block in (yaml.safe_load(path.read_text()).get("checks") or {}).items():
+            for key, value in (block or {}).items():
+                default = setting_defaults(check).get(key)
+                if default is not None and (list(default) if isinstance(default, tuple)
+                                            else default) == value:
+                    repeated.append(f"{path.name}: checks.{check}.{key}")
+    assert not repeated
 
 
 # --- the declarations' domains -------------------------------------------------------------------
@@ -322,9 +375,9 @@ def _leaf(spec: Spec) -> Spec:
 
 
 def _all_declared() -> list[tuple[str, Spec]]:
-    from gpu_monitor.config import CONFIG_SCHEMA
+    from gpu_monitor.config import config_schema
 
-    out = [(f"checks.{c}.{k}", s) for c in CHECK_SETTINGS
+    out = [(f"checks.{c}.{k}", s) for c in check_settings()
            for k, s in (declared_settings(c) or {}).items()]
 
     def walk(prefix: str, spec: Spec) -> None:
@@ -334,8 +387,8 @@ def _all_declared() -> list[tuple[str, Spec]]:
                 out.append((f"{prefix}{k}", sub))
                 walk(f"{prefix}{k}.", sub)
 
-    walk("", PROFILE_SCHEMA)
-    walk("config:", CONFIG_SCHEMA)
+    walk("", profile_schema())
+    walk("config:", config_schema())
     return out
 
 

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 
 def fabric_metric_docs() -> tuple[Any, ...]:
-    from gpu_monitor.metrics import MetricDoc
+    from gpu_monitor.metric_families import MetricDoc
 
     return (
         MetricDoc("gpu_monitor_fabric_leader", "gauge", (),

@@ -13,7 +13,7 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from gpu_monitor.metrics import MetricDoc
+from gpu_monitor.metric_families import MetricDoc
 from gpu_monitor.remediate.record import KV_BREAKER, KV_NAMESPACE
 from gpu_monitor.remediate.reports import REPORT_ACTIONS
 from gpu_monitor.state import NODE_STATES

@@ -44,6 +44,7 @@ from gpu_monitor.model import (
     iso,
     parse_iso,
 )
+from gpu_monitor.registry import problem_classes
 
 __all__ = [
     "CONDITION_HEALTHY_REASON",
@@ -107,21 +108,10 @@ _ACTION_OPS_FAILED = {Action.NONE: Op.CORDON, Action.WATCH: Op.EVENT, Action.RES
 _ACTION_OPS_DEGRADED = {**_ACTION_OPS_FAILED, Action.NONE: Op.EVENT}
 
 #: Problem classes: one NodeCondition type per class (status True = the problem is present, as
-#: node-problem-detector does). Checks not listed (plugins) share ``DEFAULT_CONDITION``.
+#: node-problem-detector does). Each built-in check declares its own (``Check.condition``);
+#: checks that declare none, and plugins, share ``DEFAULT_CONDITION``.
 PROBLEM_CLASSES: Mapping[str, str] = MappingProxyType({
-    "xid": "GPUXidError",
-    "ecc_memory": "GPUMemoryError",
-    "nvlink_state": "GPUFabricError",
-    "nvswitch": "GPUFabricError",
-    "pcie": "GPUPCIeError",
-    "pcie_aer": "GPUPCIeError",
-    "rdma_ports": "RDMANetworkError",
-    "rdma_loopback": "RDMANetworkError",
-    "temperature": "GPUThermalProblem",
-    "throttle": "GPUThermalProblem",
-    "inventory": "GPUInventoryMismatch",
-    "dcgm_diag": "GPUDiagnosticsFailed",
-    "burn_in": "GPUDiagnosticsFailed",
+    **problem_classes(),
     REPORT_CHECK: "GPUHealthReported",
 })
 DEFAULT_CONDITION = "GPUProblem"

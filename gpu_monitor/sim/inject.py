@@ -275,6 +275,14 @@ def _hot(spec: NodeSpec, f: Fault) -> None:
     g.temperature_memory_c = f.int("memory", g.temperature_memory_c)
 
 
+def _power_limit(spec: NodeSpec, f: Fault) -> None:
+    g = _gpu(spec, f)
+    pct = f.float("pct", 100.0)
+    if pct < 0:
+        raise InjectError(f"{f.text}: pct must be >= 0")
+    g.power_usage_mw = round(g.power_limit_mw * pct / 100)
+
+
 def _port_down(spec: NodeSpec, f: Fault) -> None:
     dev, port = f.ib
     try:
@@ -481,6 +489,7 @@ _EXAMPLES = {
     'nvlink-down': 'nvlink-down@gpu:0,link=4',
     'throttle': 'throttle@gpu:5,event=hw_slowdown',
     'hot': 'hot@gpu:3,core=88,memory=98',
+    'power-limit': 'power-limit@gpu:4',
     'port-down': 'port-down@ib:mlx5_0:1,after=10,for=30',
     'slow': 'slow@gpu:4,factor=3',
     'wrong-results': 'wrong-results@gpu:6',
@@ -525,6 +534,9 @@ KINDS: dict[str, FaultKind] = {
                   _throttle, _unthrottle, timed=True),
         FaultKind("hot", "gpu", ("core", "memory"), "core / HBM temperature in Celsius", _hot,
                   timed=True),
+        FaultKind("power-limit", "gpu", ("pct",),
+                  "the GPU draws pct % (default 100) of its enforced power limit",
+                  _power_limit),
         FaultKind("port-down", "ib", (), "an RDMA port goes down (after=, for=)", _port_down,
                   timed=True),
         FaultKind("slow", "gpu", ("factor",), "the device computes factor× slower", _slow),

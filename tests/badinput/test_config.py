@@ -29,13 +29,9 @@ from typing import Any
 import pytest
 import yaml
 
-from gpu_monitor.config import CONFIG_SCHEMA, SWITCH_KEYS
-from gpu_monitor.profiles import (
-    CHECK_SETTINGS,
-    MAX_DEPTH,
-    MAX_FILE_BYTES,
-    MAX_NODES,
-    PROFILE_SCHEMA,
+from gpu_monitor.config import SWITCH_KEYS, config_schema
+from gpu_monitor.profiles import check_settings, declared_settings, profile_schema
+from gpu_monitor.profiles.schema import (
     Any_,
     Bool,
     Int,
@@ -47,8 +43,8 @@ from gpu_monitor.profiles import (
     Spec,
     Str,
     Version,
-    declared_settings,
 )
+from gpu_monitor.profiles.yaml_reader import MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES
 from tests.badinput.harness import Case, config_case, ids, run_case
 
 REPO = Path(__file__).resolve().parents[2]
@@ -226,11 +222,11 @@ def _check_settings() -> Iterator[tuple[str, Spec]]:
     blocks share (switches, common keys, the sections' keys a block may override) once, on
     the checks that declare it in turn."""
     shared: dict[str, list[tuple[str, Spec]]] = {}
-    for check in CHECK_SETTINGS:
-        for key, spec in CHECK_SETTINGS[check].items():
+    for check in check_settings():
+        for key, spec in check_settings()[check].items():
             yield f"checks.{check}.{key}", spec
         for key, spec in {**SWITCH_KEYS, **(declared_settings(check) or {})}.items():
-            if key not in CHECK_SETTINGS[check]:
+            if key not in check_settings()[check]:
                 shared.setdefault(key, []).append((check, spec))
     for i, (key, users) in enumerate(shared.items()):
         check, spec = users[i % len(users)]
@@ -259,18 +255,18 @@ def _profile_paths() -> Iterator[tuple[str, Spec]]:
     """Every profile key path but the simulation block's (the same Specs again) and the
     check blocks' settings (the Specs of ``_check_settings``): the blocks themselves, and
     each block's first setting, stay."""
-    for path, spec in _paths(PROFILE_SCHEMA):
+    for path, spec in _paths(profile_schema()):
         parts = path.split(".")
         if parts[0] == "simulation" and len(parts) > 1:
             continue
         if parts[0] == "checks" and len(parts) > 2 and parts[2] != next(
-                iter(CHECK_SETTINGS.get(parts[1]) or {"": None})):
+                iter(check_settings().get(parts[1]) or {"": None})):
             continue
         yield path, spec
 
 
 def _config_paths() -> Iterator[tuple[str, Spec]]:
-    for path, spec in _paths(CONFIG_SCHEMA):
+    for path, spec in _paths(config_schema()):
         if not path.startswith(("checks.", "profile_overrides.")):
             yield path, spec
 
@@ -278,7 +274,7 @@ def _config_paths() -> Iterator[tuple[str, Spec]]:
 def _override_paths() -> Iterator[tuple[str, Spec]]:
     """``profile_overrides``: each section, and each section's first key."""
     for section in SECTIONS:
-        spec = PROFILE_SCHEMA.fields[section]
+        spec = profile_schema().fields[section]
         yield f"profile_overrides.{section}", spec
         key, sub = next(iter(_leaf(spec).fields.items()))
         yield f"profile_overrides.{section}.{key}", sub
@@ -317,12 +313,12 @@ def _make(kind: str, id: str, path: str, value: Any, field: str | None = None,
 
 def _typo_cases() -> list[Case]:
     """A near-miss of a key in every mapping of both schemas, and in every check block."""
-    places = [("config", prefix, spec) for prefix, spec in _maps(CONFIG_SCHEMA)
+    places = [("config", prefix, spec) for prefix, spec in _maps(config_schema())
               if not prefix.startswith(("profile_overrides", "checks"))]
-    places += [("profile", prefix, spec) for prefix, spec in _maps(PROFILE_SCHEMA)
+    places += [("profile", prefix, spec) for prefix, spec in _maps(profile_schema())
                if not prefix.startswith(("simulation", "checks"))]
-    places += [("config", f"checks.{check}", Map(CHECK_SETTINGS[check]))
-               for check in CHECK_SETTINGS if CHECK_SETTINGS[check]]
+    places += [("config", f"checks.{check}", Map(check_settings()[check]))
+               for check in check_settings() if check_settings()[check]]
     cases = []
     for kind, prefix, spec in places:
         key = next(iter(spec.fields))

@@ -54,6 +54,7 @@ OWN: dict[str, tuple[str, ...]] = {
                     "nvmlDeviceGetFieldValues", "NVML_FI_DEV_MEMORY_TEMP",
                     "nvmlDeviceGetPowerUsage", "nvmlDeviceGetEnforcedPowerLimit"),
     "throttle": ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetViolationStatus"),
+    "power": ("nvmlDeviceGetPowerUsage", "nvmlDeviceGetEnforcedPowerLimit"),
     "nvlink_state": ("nvmlDeviceGetNvLinkState", "nvmlDeviceGetNvLinkErrorCounter"),
     "nvswitch": ("nvmlDeviceGetGpuFabricInfoV",),
     "pcie": ("nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetCurrPcieLinkWidth",
@@ -118,6 +119,11 @@ NOT_SUPPORTED: dict[str, frozenset[str]] = {
     **dict.fromkeys(OWN["pcie"], OK_ONLY),  # sysfs has the link and the NUMA node
 }
 
+#: Where a check measures what another only reads on the side: its own NotSupported outcome.
+NOT_SUPPORTED_BY_CHECK: dict[str, dict[str, frozenset[str]]] = {
+    "power": dict.fromkeys(OWN["power"], SKIPPED),  # no draw, or no limit to hold it to
+}
+
 NODE_CALLS = fake_nvml.SYSTEM_FUNCTIONS
 CALL_OF: dict[str, str] = {}  # case id -> the NVML call it fails
 
@@ -134,7 +140,8 @@ def _case(check: str, call: str, error: str, statuses: frozenset[str] | None = N
           slow: bool = False):
     node = call in NODE_CALLS
     if statuses is None:
-        statuses = NOT_SUPPORTED[call] if error == "NotSupported" else NOT_OK
+        statuses = (NOT_SUPPORTED_BY_CHECK.get(check, {}).get(call, NOT_SUPPORTED[call])
+                    if error == "NotSupported" else NOT_OK)
     passes = statuses <= {"ok", "skipped"}
     named = "nvmlInit" if call.startswith("nvmlInit") else call  # nvmlInit calls ...WithFlags
     case = Case(

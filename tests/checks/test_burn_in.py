@@ -11,9 +11,9 @@ from checks.burn_in import (
     Finding,
     Limits,
     Telemetry,
-    judge,
+    burn_findings,
+    headline_finding,
     split_by_hash,
-    worst,
 )
 from gpu_monitor.check import Context
 from gpu_monitor.config import parse_config
@@ -77,26 +77,26 @@ def test_the_majority_hash_wins_and_an_unattributable_split_names_everyone(hashe
 
 
 def test_a_device_wrong_the_same_way_every_time_fails_on_the_cross_device_comparison():
-    per, node, _ = judge(measured(run(sha="a"), run(sha="a"), run(sha="bad")), {}, LIMITS)
+    per, node, _ = burn_findings(measured(run(sha="a"), run(sha="a"), run(sha="bad")), {}, LIMITS)
     assert [f.reason for f in per[2]] == ["BurnInMismatch"]
     assert per[2][0].status is Status.FAILED and per[2][0].action.value == "replace"
     assert not per[0] and not per[1] and not node
 
 
 def test_with_two_devices_a_mismatch_fails_the_node_naming_both():
-    per, node, _ = judge(measured(run(sha="a"), run(sha="b")), {}, LIMITS)
+    per, node, _ = burn_findings(measured(run(sha="a"), run(sha="b")), {}, LIMITS)
     assert not per[0] and not per[1]
     assert node[0].reason == "BurnInMismatch" and "gpu:0, gpu:1" in node[0].message
 
 
 def test_results_that_change_between_iterations_fail_even_when_hashes_agree():
-    per, _, _ = judge(measured(run(), run(self_mismatches=2)), {}, LIMITS)
+    per, _, _ = burn_findings(measured(run(), run(self_mismatches=2)), {}, LIMITS)
     assert per[1][0].reason == "BurnInMismatch" and "changed between iterations" in \
         per[1][0].message
 
 
 def test_a_result_off_the_fp64_reference_fails():
-    per, _, _ = judge(measured(run(), run(), run(reference_error=0.5)), {}, LIMITS)
+    per, _, _ = burn_findings(measured(run(), run(), run(reference_error=0.5)), {}, LIMITS)
     assert [f.reason for f in per[2]] == ["BurnInReferenceMismatch"]
 
 
@@ -106,7 +106,7 @@ def test_a_result_off_the_fp64_reference_fails():
     (0.85, Status.FAILED, "node median"),
 ], ids=["at-median", "in-warning-band", "below-median"])
 def test_speed_is_held_to_the_node_median(rate, status, why):
-    per, _, summary = judge(measured(run(1.0), run(1.0), run(rate)), {}, LIMITS)
+    per, _, summary = burn_findings(measured(run(1.0), run(1.0), run(rate)), {}, LIMITS)
     assert summary["required_tflops"]["bf16"] == pytest.approx(0.9)
     if status is None:
         assert not per[2]
@@ -116,7 +116,7 @@ def test_speed_is_held_to_the_node_median(rate, status, why):
 
 
 def test_speed_below_the_fraction_of_peak_fails_every_device():
-    per, _, summary = judge(measured(run(0.5), run(0.5)), {}, LIMITS)
+    per, _, summary = burn_findings(measured(run(0.5), run(0.5)), {}, LIMITS)
     assert summary["floor_tflops"]["bf16"] == pytest.approx(0.8)
     assert all(per[i][0].reason == "BurnInSlow" and "peak" in per[i][0].message for i in per)
 
@@ -125,7 +125,7 @@ def test_throttling_heat_and_unreadable_telemetry_are_findings_of_their_own():
     tele = {0: DeviceTelemetry(3, {"hw_power_brake"}, 40, 45),
             1: DeviceTelemetry(3, set(), 91, 70),
             2: DeviceTelemetry(0, set(), None, None, "nvmlDeviceGetTemperature: gone")}
-    per, _, _ = judge(measured(run(), run(), run()), tele, LIMITS)
+    per, _, _ = burn_findings(measured(run(), run(), run()), tele, LIMITS)
     assert [(f.status, f.reason) for f in per[0]] == [(Status.FAILED, "BurnInThrottled")]
     assert [(f.status, f.reason) for f in per[1]] == [(Status.FAILED, "BurnInHot")]
     assert [(f.status, f.reason) for f in per[2]] == [(Status.UNKNOWN, "BurnInTelemetryError")]
@@ -135,10 +135,10 @@ def test_a_device_shows_its_most_serious_finding():
     findings = [Finding(Status.FAILED, "BurnInHot", "h"),
                 Finding(Status.UNKNOWN, "BurnInTelemetryError", "t"),
                 Finding(Status.FAILED, "BurnInMismatch", "m")]
-    assert worst(findings).reason == "BurnInMismatch"
-    assert worst([Finding(Status.DEGRADED, "BurnInSlow", "s"),
+    assert headline_finding(findings).reason == "BurnInMismatch"
+    assert headline_finding([Finding(Status.DEGRADED, "BurnInSlow", "s"),
                   Finding(Status.UNKNOWN, "WorkerTimeout", "w")]).reason == "WorkerTimeout"
-    assert worst([]) is None
+    assert headline_finding([]) is None
 
 
 class _Temps:

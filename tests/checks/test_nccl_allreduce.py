@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from cuda_helpers import cuda_count
 
-from checks.nccl_allreduce import NcclAllreduce, judge
+from checks.nccl_allreduce import NcclAllreduce, sweep_findings
 from gpu_monitor.check import Context
 from gpu_monitor.config import parse_config
 from gpu_monitor.model import Status
@@ -50,35 +50,35 @@ def row(size, busbw=200.0, p95=5e-5, wrong=0):
 
 
 def test_a_healthy_sweep_has_no_findings():
-    assert judge([row(8), row(1024), row(1 << 20)], None, [], LIMITS) == []
+    assert sweep_findings([row(8), row(1024), row(1 << 20)], None, [], LIMITS) == []
 
 
 def test_wrong_data_names_the_device_whose_contribution_arrives_wrong():
-    (f,) = judge([row(8, wrong=16), row(1 << 20)], [5], [0, 1, 2], LIMITS)
+    (f,) = sweep_findings([row(8, wrong=16), row(1 << 20)], [5], [0, 1, 2], LIMITS)
     assert (f.status, f.target, f.reason) == (Status.FAILED, "gpu:5", "NcclWrongData")
     assert "first at 8 B" in f.message
 
 
 def test_wrong_data_nobody_contributed_fails_the_node_naming_the_ranks_that_saw_it():
-    (f,) = judge([row(8), row(1 << 20, wrong=3)], [], [1], LIMITS)
+    (f,) = sweep_findings([row(8), row(1 << 20, wrong=3)], [], [1], LIMITS)
     assert (f.target, f.reason) == ("node", "NcclWrongData") and "gpu:1" in f.message
 
 
 @pytest.mark.parametrize("busbw, status", [(90.0, Status.FAILED), (103.0, Status.DEGRADED),
                                           (110.0, None)])
 def test_busbw_at_the_large_sizes_is_held_to_the_floor(busbw, status):
-    found = judge([row(8), row(1 << 20, busbw=busbw)], None, [], LIMITS)
+    found = sweep_findings([row(8), row(1 << 20, busbw=busbw)], None, [], LIMITS)
     assert [f.status for f in found] == ([] if status is None else [status])
     assert all(f.reason == "NcclBusBwLow" for f in found)
 
 
 def test_only_small_sizes_are_held_to_the_latency_limit():
-    found = judge([row(8, p95=2e-4), row(1 << 20, p95=1.0)], None, [], LIMITS)
+    found = sweep_findings([row(8, p95=2e-4), row(1 << 20, p95=1.0)], None, [], LIMITS)
     assert [(f.reason, f.status) for f in found] == [("NcclLatencyHigh", Status.FAILED)]
 
 
 def test_without_a_large_size_the_largest_swept_is_judged():
-    found = judge([row(8), row(512, busbw=1.0)], None, [], LIMITS)
+    found = sweep_findings([row(8), row(512, busbw=1.0)], None, [], LIMITS)
     assert [f.reason for f in found] == ["NcclBusBwLow"]
 
 

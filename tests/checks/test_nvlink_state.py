@@ -87,7 +87,7 @@ def test_down_link_fails_the_gpu_and_its_link_target(rig):
     assert sorted(results) == ["gpu:0", *(f"gpu:{i}" for i in range(1, 8)), "nvlink:0:4"]
     for target in ("gpu:0", "nvlink:0:4"):
         res = results[target]
-        assert (res.status, res.reason, res.action.value) == (Status.FAILED, "NvlinkDown",
+        assert (res.status, res.reason, res.action.value) == (Status.FAILED, "NvLinkDown",
                                                               "reset_gpu")
         assert res.details["uuid"] == r.gpus[0].uuid
     assert results["gpu:0"].details["down_links"] == (4,)
@@ -100,9 +100,9 @@ def test_recovered_link_clears_once_then_goes_quiet(rig):
     r = rig("nvlink-down@gpu:0,link=4,after=10,for=30")
     assert "nvlink:0:4" not in r.poll()
     seen = [r.step() for _ in range(6)]
-    assert [s["nvlink:0:4"].reason for s in seen[:4]] == ["NvlinkDown"] * 3 + ["Cleared"]
-    assert [s["gpu:0"].reason for s in seen[:4]] == ["NvlinkDown"] * 3 + ["Cleared"]
-    assert seen[3]["nvlink:0:4"].details["cleared_reason"] == "NvlinkDown"
+    assert [s["nvlink:0:4"].reason for s in seen[:4]] == ["NvLinkDown"] * 3 + ["Cleared"]
+    assert [s["gpu:0"].reason for s in seen[:4]] == ["NvLinkDown"] * 3 + ["Cleared"]
+    assert seen[3]["nvlink:0:4"].details["cleared_reason"] == "NvLinkDown"
     assert "nvlink:0:4" not in seen[4] and "nvlink:0:4" not in seen[5]
     assert seen[5]["gpu:0"].reason == "Ok"
 
@@ -118,7 +118,7 @@ def test_down_link_during_boot_grace_is_unknown_then_fails(rig):
     assert r.poll()["gpu:6"].reason == "BootGrace"
     r.set_uptime(300)
     results = r.poll()
-    assert (results["gpu:6"].status, results["gpu:6"].reason) == (Status.FAILED, "NvlinkDown")
+    assert (results["gpu:6"].status, results["gpu:6"].reason) == (Status.FAILED, "NvLinkDown")
     assert results["nvlink:6:0"].status is Status.FAILED
 
 
@@ -159,7 +159,7 @@ def test_real_dcgmi_link_states_on_a100(rig, fixtures_dir):
     link_targets = sorted(t for t in results if t.startswith("nvlink:"))
     assert link_targets == ["nvlink:0:3", "nvlink:1:10", "nvlink:1:11", "nvlink:1:6"]
     assert "missing" in results["nvlink:1:10"].message
-    assert all(results[t].reason == "NvlinkDown" for t in link_targets)
+    assert all(results[t].reason == "NvLinkDown" for t in link_targets)
     assert results["gpu:2"].status is Status.OK
 
 
@@ -168,7 +168,7 @@ def test_gpu_with_fewer_links_than_the_profile_fails(rig):
     r.gpus[5].nvlink_up = [True] * 16
     results = r.poll()
     assert results["gpu:5"].details["missing_links"] == (16, 17)
-    assert {results["nvlink:5:16"].reason, results["nvlink:5:17"].reason} == {"NvlinkDown"}
+    assert {results["nvlink:5:16"].reason, results["nvlink:5:17"].reason} == {"NvLinkDown"}
 
 
 def test_profile_without_nvlink_is_skipped(rig):
@@ -204,10 +204,10 @@ def test_error_rate_threshold_both_sides(rig, fixtures_dir, scale, degraded):
     assert res.details["window"] == "sliding"
     assert res.details["error_rates_per_min"]["0"]["crc_data"] == scale
     if degraded:
-        assert (res.status, res.reason) == (Status.DEGRADED, "NvlinkErrorRate")
+        assert (res.status, res.reason) == (Status.DEGRADED, "NvLinkErrorRate")
         link = results["nvlink:2:0"]
         assert (link.status, link.reason, link.action.value) == (
-            Status.DEGRADED, "NvlinkErrorRate", "watch")
+            Status.DEGRADED, "NvLinkErrorRate", "watch")
         assert "crc_data 10/min" in link.message
     else:
         assert res.status is Status.OK and "nvlink:2:0" not in results
@@ -237,7 +237,7 @@ def test_error_burst_slides_out_of_the_window_and_clears(rig):
     for _ in range(80):
         res = r.step()
         statuses.append((r.elapsed, res["gpu:3"].reason))
-    degraded = [t for t, reason in statuses if reason == "NvlinkErrorRate"]
+    degraded = [t for t, reason in statuses if reason == "NvLinkErrorRate"]
     cleared = [t for t, reason in statuses if reason == "Cleared"]
     assert degraded == list(range(10, 670, 10))
     # The snapshot from before the burst (0 s) leaves [now - 660 s, now] at 670 s.
@@ -262,10 +262,10 @@ def test_restart_keeps_the_rate_window(rig):
     r = rig(store=store)
     r.poll()
     r.gpus[2].nvlink_errors[(3, "replay")] = 1000
-    assert r.step(60)["gpu:2"].reason == "NvlinkErrorRate"
+    assert r.step(60)["gpu:2"].reason == "NvLinkErrorRate"
     r.check = NvlinkState()  # a daemon restart: a new instance, the same store
     res = r.step(20)
-    assert res["gpu:2"].reason == "NvlinkErrorRate"
+    assert res["gpu:2"].reason == "NvLinkErrorRate"
     assert res["gpu:2"].details["window"] == "sliding"
 
 
@@ -273,7 +273,7 @@ def test_one_shot_without_history_judges_states_not_rates(rig):
     r = rig("nvlink-down@gpu:1,link=2", one_shot=True)
     r.gpus[5].nvlink_errors[(0, "replay")] = 10**6
     results = r.poll()
-    assert results["gpu:1"].reason == "NvlinkDown"
+    assert results["gpu:1"].reason == "NvLinkDown"
     assert results["gpu:5"].status is Status.OK
     assert results["gpu:5"].details["window"] == "instantaneous"
 
@@ -316,7 +316,7 @@ def test_error_counters_unreadable_do_not_hide_a_down_link(rig):
     r = rig("nvml-error@gpu:3,call=nvmlDeviceGetNvLinkErrorCounter,error=Unknown",
             "nvlink-down@gpu:3,link=1")
     res = r.poll()["gpu:3"]
-    assert (res.status, res.reason) == (Status.FAILED, "NvlinkDown")
+    assert (res.status, res.reason) == (Status.FAILED, "NvLinkDown")
     assert res.details["counter_errors"]["0"] == "unknown"
 
 
@@ -366,7 +366,7 @@ def test_mig_enabled_gpus_are_still_judged(rig):
         g.mig_enabled = True
     assert r.host.nvml.mig_enabled(0)
     results = r.poll()
-    assert results["nvlink:0:17"].reason == "NvlinkDown"
+    assert results["nvlink:0:17"].reason == "NvLinkDown"
     assert results["gpu:1"].status is Status.OK
 
 

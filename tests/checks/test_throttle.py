@@ -387,6 +387,6 @@ def test_window_credit(samples, start, event, credit, observed):
 
 
 def test_event_names_are_the_ones_the_metrics_layer_renders():
-    from gpu_monitor.metrics import CLOCK_EVENTS
+    from checks.throttle import CLOCK_EVENTS
 
     assert set(CLOCK_EVENTS) <= set(EVENT_BITS)

@@ -51,9 +51,9 @@ def test_parse_errors_say_what_is_wrong(text, needle):
 def test_every_documented_kind_exists_and_is_in_help():
     documented = ["gpu-missing", "xid", "sxid", "row-remap-pending", "row-remap-failure",
                   "remap-headroom", "ecc-uncorrectable", "pcie-downgrade", "aer", "nvlink-down",
-                  "throttle", "hot", "port-down", "slow", "wrong-results", "sdc", "dcgm-fail",
-                  "ib-bw", "nvml-error", "gpu-process", "missing", "sysfs", "dcgm-output",
-                  "ib-bw-output"]
+                  "throttle", "hot", "power-limit", "port-down", "slow", "wrong-results", "sdc",
+                  "dcgm-fail", "ib-bw", "nvml-error", "gpu-process", "missing", "sysfs",
+                  "dcgm-output", "ib-bw-output"]
     assert sorted(documented) == sorted(inject.KINDS)
     text = inject.help_text()
     for k in documented:
