@@ -430,7 +430,7 @@ def _remediator(env, checks_for_retest, kube_factory=None):
     if report_dir is None and env.sim is None:
         report_dir = DEFAULT_REPORT_DIR
     return Remediator(
-        env.store, env.config, env.node, env.clock, kube_factory, env.host.runner,
+        env.store, env.config, env.node, env.clock, kube_factory, env.host.commands,
         paths=env.host.paths,
         retest=suite_retest(checks_for_retest, env.context(force=True)),
         namespace=os.environ.get("POD_NAMESPACE", "gpu-monitor"),

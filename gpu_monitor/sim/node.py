@@ -382,7 +382,7 @@ class SimulatedNode:
             nvml=NvmlReader(FakeNvml(self.spec)),
             sysfs=SysfsReader(self.paths),
             procfs=ProcfsReader(self.paths),
-            runner=CommandRunner(search_path=[self.bin_dir]),
+            commands=CommandRunner(search_path=[self.bin_dir]),
             worker=WorkerSettings(
                 device_type="cpu",
                 env={"GPU_MONITOR_SIM_STATE": self.state_file},

@@ -46,7 +46,7 @@ class Node:
         self.set_uptime(uptime)
         self.host = Host(paths=self.paths, nvml=NvmlReader(FakeNvml(self.spec)),
                          sysfs=SysfsReader(self.paths), procfs=ProcfsReader(self.paths),
-                         runner=CommandRunner())
+                         commands=CommandRunner())
         self.clock = clock
         self.store = store if store is not None else Store.open(":memory:", clock)
         self.profile = profile
