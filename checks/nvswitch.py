@@ -66,7 +66,7 @@ from gpu_monitor.model import (
 from gpu_monitor.rules import sxid_catalog
 from gpu_monitor.rules.sxid import SxidEvent, SxidGrouper, parse_sxid, status_of
 from gpu_monitor.rules.xid import XidParseError
-from gpu_monitor.state import XidEvent
+from gpu_monitor.state.kernel_log import XidEvent
 
 log = logging.getLogger(__name__)
 

@@ -74,7 +74,7 @@ from gpu_monitor.rules.xid import (
     join_fallen_off,
     parse_xid,
 )
-from gpu_monitor.state import XidEvent
+from gpu_monitor.state.kernel_log import XidEvent
 
 log = logging.getLogger(__name__)
 

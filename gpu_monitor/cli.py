@@ -151,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     from gpu_monitor.fabric.cli import register as register_fabric
 
     register_fabric(sub)
-    from gpu_monitor.state_cli import register as register_state
+    from gpu_monitor.state.cli import register as register_state
 
     register_state(sub)
     return parser
@@ -200,7 +200,8 @@ def build_env(args: argparse.Namespace, clock=None) -> Env:
     from gpu_monitor.hw.paths import DEFAULT_STATE_DB, HostPaths
     from gpu_monitor.profiles import ProfileError, load_profile
     from gpu_monitor.sim.inject import InjectError, parse
-    from gpu_monitor.state import Store, StoreError
+    from gpu_monitor.state import Store
+    from gpu_monitor.state.errors import StoreError
 
     clock = clock or Clock()
     try:
@@ -285,12 +286,12 @@ def build_env(args: argparse.Namespace, clock=None) -> Env:
         # root to open).
         state_path = getattr(args, "state", None) or ":memory:"
     try:
-        # The long-running daemon may move a damaged file aside at start (state_recovery.py)
+        # The long-running daemon may move a damaged file aside at start (state/recovery.py)
         # rather than crash-loop; one-shot runs only report it.
         if (command == "daemon" and not getattr(args, "once", False)
                 and config.daemon.recover_corrupt_state):
-            from gpu_monitor.state_recovery import AUTO_RECOVER_MAX_COPIES
-            from gpu_monitor.state_recovery import recover as open_or_recover
+            from gpu_monitor.state.recovery import AUTO_RECOVER_MAX_COPIES
+            from gpu_monitor.state.recovery import recover as open_or_recover
 
             store, _ = open_or_recover(state_path, clock, by="daemon",
                                        max_copies=AUTO_RECOVER_MAX_COPIES)

@@ -20,7 +20,8 @@ from pathlib import Path
 from gpu_monitor.clock import FakeClock
 from gpu_monitor.model import Result, Status
 from gpu_monitor.runner import RunOutcome
-from gpu_monitor.state import LATEST_VERSION, Store
+from gpu_monitor.state import Store
+from gpu_monitor.state.schema import LATEST_VERSION
 
 
 def populated(path: str, n: int = 300) -> None:

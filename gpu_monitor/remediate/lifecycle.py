@@ -482,10 +482,10 @@ class Remediator:
     # --- state recovery ---------------------------------------------------------------------------
 
     def _announce_state_recoveries(self) -> None:
-        """One ``StateRecovered`` Event per recovery of the state file (state_recovery.py keeps
+        """One ``StateRecovered`` Event per recovery of the state file (state/recovery.py keeps
         the record in the fresh store; the mark that it was sent persists, so a restart does
         not repeat it). The recovery really happened, so no ``[dry-run]`` prefix."""
-        from gpu_monitor.state_recovery import mark_announced, recoveries
+        from gpu_monitor.state.recovery import mark_announced, recoveries
 
         for rec in recoveries(self.store):
             if rec.announced:
