@@ -31,7 +31,7 @@ from gpu_monitor.hw.paths import HostPaths
 
 if TYPE_CHECKING:  # pragma: no cover
     from gpu_monitor.check import Context
-    from gpu_monitor.hw.nvml import NvmlReader
+    from gpu_monitor.hw.nvml_reader import NvmlReader
     from gpu_monitor.hw.procfs import ProcfsReader
     from gpu_monitor.hw.runtime import TorchRuntime
     from gpu_monitor.hw.sysfs import SysfsReader
@@ -102,7 +102,7 @@ class Host:
 
     @classmethod
     def real(cls, paths: HostPaths, nvml_module: Any = None) -> Host:
-        from gpu_monitor.hw.nvml import NvmlReader
+        from gpu_monitor.hw.nvml_reader import NvmlReader
         from gpu_monitor.hw.procfs import ProcfsReader
         from gpu_monitor.hw.sysfs import SysfsReader
 

@@ -372,7 +372,7 @@ class SimulatedNode:
         self._thread.start()
 
     def host(self) -> Host:
-        from gpu_monitor.hw.nvml import NvmlReader
+        from gpu_monitor.hw.nvml_reader import NvmlReader
         from gpu_monitor.hw.procfs import ProcfsReader
         from gpu_monitor.hw.sysfs import SysfsReader
         from gpu_monitor.sim.fake_nvml import FakeNvml

@@ -15,7 +15,7 @@ from gpu_monitor.config import DEFAULT_CONFIG
 from gpu_monitor.host import Host
 from gpu_monitor.hw.command import CommandRunner
 from gpu_monitor.hw.kmsg import KmsgDeviceSource, iter_file, parse_text_line
-from gpu_monitor.hw.nvml import NvmlReader
+from gpu_monitor.hw.nvml_reader import NvmlReader
 from gpu_monitor.hw.paths import HostPaths
 from gpu_monitor.hw.procfs import ProcfsReader
 from gpu_monitor.hw.sysfs import SysfsReader
