@@ -44,7 +44,7 @@ from checks._kmsg_events import (
     record_seq,
 )
 from gpu_monitor.check import Check, ClearTracker, Context
-from gpu_monitor.hw.kmsg import KmsgGap, KmsgRecord
+from gpu_monitor.hw.kmsg.record import KmsgGap, KmsgRecord
 from gpu_monitor.hw.nvml import (
     NVML_GPU_FABRIC_STATE_COMPLETED,
     NVML_SUCCESS,

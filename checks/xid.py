@@ -47,7 +47,7 @@ from checks._kmsg_events import (
     worse_than,
 )
 from gpu_monitor.check import Check, ClearTracker, Context
-from gpu_monitor.hw.kmsg import KmsgGap, KmsgRecord
+from gpu_monitor.hw.kmsg.record import KmsgGap, KmsgRecord
 from gpu_monitor.model import (
     NODE,
     Action,

@@ -250,7 +250,7 @@ class Daemon:
 
     def pump_kmsg(self) -> int:
         """Read and dispatch every record available now; returns how many were dispatched."""
-        from gpu_monitor.hw.kmsg import KmsgGap
+        from gpu_monitor.hw.kmsg.record import KmsgGap
 
         src = self._kmsg_source
         if src is None:

@@ -116,7 +116,7 @@ class Host:
         )
 
     def open_kmsg(self, replay: bool = True):
-        from gpu_monitor.hw.kmsg import open_kmsg
+        from gpu_monitor.hw.kmsg.follow import open_kmsg
 
         return open_kmsg(self.paths, replay=replay)
 

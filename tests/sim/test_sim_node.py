@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from gpu_monitor.hw.kmsg import KmsgFileSource
+from gpu_monitor.hw.kmsg.files import KmsgFileSource
 from gpu_monitor.hw.nvml import NvmlError
 from gpu_monitor.profiles import load_profile
 from gpu_monitor.sim.inject import CLOCK_EVENT_HW_SLOWDOWN, parse
