@@ -199,7 +199,8 @@ def build_env(args: argparse.Namespace, clock=None) -> Env:
     from gpu_monitor.config import ConfigError, load_config
     from gpu_monitor.hw.paths import DEFAULT_STATE_DB, HostPaths
     from gpu_monitor.profiles import ProfileError, load_profile
-    from gpu_monitor.sim.inject import InjectError, parse
+    from gpu_monitor.sim.faults.base import InjectError
+    from gpu_monitor.sim.inject import parse
     from gpu_monitor.state import Store
     from gpu_monitor.state.errors import StoreError
 
