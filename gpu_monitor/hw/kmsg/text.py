@@ -15,6 +15,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from functools import lru_cache
 from types import MappingProxyType
+from typing import Any
 
 from gpu_monitor.hw.kmsg.record import (
     FIELD_KEY_RE,
@@ -134,6 +135,13 @@ def _seconds(text: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def _from_line(line: str, line_no: int, source_format: str, message: str,
+               **parts: Any) -> KmsgRecord:
+    """The record of one text line: ``raw`` is the line as read, ``line_no`` its number."""
+    return KmsgRecord(message=message, source_format=source_format, raw=line, line_no=line_no,
+                      **parts)
+
+
 def _with_mono(rest: str) -> tuple[float | None, str]:
     """Strip a ``[ 123.456]`` stamp that syslog/journal lines sometimes keep."""
     if rest.startswith("["):
@@ -149,15 +157,8 @@ def _parse_bracket(
     """``[mono] msg`` or ``[ctime] msg``; None when neither."""
     m = _MONO_RE.match(line)
     if m is not None:
-        return KmsgRecord(
-            message=line[m.end() :],
-            source_format=FORMAT_DMESG,
-            raw=line,
-            line_no=line_no,
-            priority=priority,
-            facility=facility,
-            monotonic_s=_seconds(m.group(1)),
-        )
+        return _from_line(line, line_no, FORMAT_DMESG, line[m.end() :], priority=priority,
+                          facility=facility, monotonic_s=_seconds(m.group(1)))
     m = _CTIME_RE.match(line)
     if m is not None:
         month = _MONTHS.get(m.group(1))
@@ -170,16 +171,8 @@ def _parse_bracket(
         j = _HOST_KERNEL_RE.match(line, at)
         if j is not None:
             at, host = j.end(), j.group(1)
-        return KmsgRecord(
-            message=line[at:],
-            source_format=FORMAT_DMESG_CTIME,
-            raw=line,
-            line_no=line_no,
-            priority=priority,
-            facility=facility,
-            wallclock=wall,
-            host=host,
-        )
+        return _from_line(line, line_no, FORMAT_DMESG_CTIME, line[at:], priority=priority,
+                          facility=facility, wallclock=wall, host=host)
     return None
 
 
@@ -211,17 +204,8 @@ def _parse_iso(
     message = line[rest_at:]
     if fmt == FORMAT_JOURNAL_SHORT_ISO:
         mono, message = _with_mono(message)
-    return KmsgRecord(
-        message=message,
-        source_format=fmt,
-        raw=line,
-        line_no=line_no,
-        priority=priority,
-        facility=facility,
-        monotonic_s=mono,
-        wallclock=wall,
-        host=host,
-    )
+    return _from_line(line, line_no, fmt, message, priority=priority, facility=facility,
+                      monotonic_s=mono, wallclock=wall, host=host)
 
 
 def _parse_decode(line: str, line_no: int) -> KmsgRecord | None:
@@ -242,14 +226,7 @@ def _parse_decode(line: str, line_no: int) -> KmsgRecord | None:
         if rec is not None:
             return replace(rec, raw=line)
     # dmesg --decode --notime
-    return KmsgRecord(
-        message=rest,
-        source_format=FORMAT_DMESG,
-        raw=line,
-        line_no=line_no,
-        priority=priority,
-        facility=facility,
-    )
+    return _from_line(line, line_no, FORMAT_DMESG, rest, priority=priority, facility=facility)
 
 
 def _parse_pstore(line: str, line_no: int) -> KmsgRecord | None:
@@ -260,15 +237,8 @@ def _parse_pstore(line: str, line_no: int) -> KmsgRecord | None:
     if pri > 191:  # facility 23 (local7), level 7
         return None
     mono = m.group(2)
-    return KmsgRecord(
-        message=line[m.end() :],
-        source_format=FORMAT_PSTORE,
-        raw=line,
-        line_no=line_no,
-        priority=pri & 7,
-        facility=pri >> 3,
-        monotonic_s=_seconds(mono) if mono is not None else None,
-    )
+    return _from_line(line, line_no, FORMAT_PSTORE, line[m.end() :], priority=pri & 7,
+                      facility=pri >> 3, monotonic_s=_seconds(mono) if mono is not None else None)
 
 
 def _parse_syslog(line: str, line_no: int) -> KmsgRecord | None:
@@ -276,18 +246,11 @@ def _parse_syslog(line: str, line_no: int) -> KmsgRecord | None:
     if m is None:
         return None
     mono, message = _with_mono(line[m.end() :])
-    return KmsgRecord(
-        message=message,
-        source_format=FORMAT_SYSLOG,
-        raw=line,
-        line_no=line_no,
-        monotonic_s=mono,
-        host=m.group(1),
-    )
+    return _from_line(line, line_no, FORMAT_SYSLOG, message, monotonic_s=mono, host=m.group(1))
 
 
 def _plain(line: str, line_no: int) -> KmsgRecord:
-    return KmsgRecord(message=line, source_format=FORMAT_PLAIN, raw=line, line_no=line_no)
+    return _from_line(line, line_no, FORMAT_PLAIN, line)
 
 
 def parse_text_line(line: str, *, line_no: int = 0) -> KmsgRecord | None:
