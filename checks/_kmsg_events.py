@@ -15,7 +15,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from gpu_monitor.check import Context
-from gpu_monitor.hw.kmsg import FIFO_IDLE_S, KmsgGap, KmsgRecord
+from gpu_monitor.hw.kmsg.files import FIFO_IDLE_S
+from gpu_monitor.hw.kmsg.record import KmsgGap, KmsgRecord
 from gpu_monitor.hw.kmsg_scan import ScanStats, iter_matching
 from gpu_monitor.model import (
     ACTION_SEVERITY,

@@ -33,7 +33,7 @@ from typing import Any
 
 from gpu_monitor.check import Check, Context, Setting
 from gpu_monitor.hw import dcgm
-from gpu_monitor.hw.dcgm import DcgmParseError, DiagResult, DiagStatus, worst
+from gpu_monitor.hw.dcgm import DcgmParseError, DiagResult, DiagStatus, worst_diag_status
 from gpu_monitor.model import NODE, Action, Kind, Result, Status, gpu_target
 from gpu_monitor.profiles.schema import Nullable, Str
 
@@ -91,7 +91,7 @@ class DcgmDiag(Check):
             argv += ["-p", str(params)]
         base = {"level": level, "command": " ".join(argv)}
 
-        out = ctx.host.runner.run(argv, timeout=timeout)
+        out = ctx.host.commands.run(argv, timeout=timeout)
         if out.not_found:
             return [self.result(ctx, Status.SKIPPED, NODE, "DcgmUnavailable",
                                 "DCGM not installed (dcgmi not found on PATH)", base)]
@@ -138,7 +138,7 @@ class DcgmDiag(Check):
 
     # --- judging a report ------------------------------------------------------------------
 
-    def _judge(self, ctx: Context, diag: dcgm.DcgmDiag, details: dict[str, Any],
+    def _judge(self, ctx: Context, diag: dcgm.DiagReport, details: dict[str, Any],
                exit_code: int) -> list[Result]:
         """One result per target, each earned:
 
@@ -197,7 +197,7 @@ class DcgmDiag(Check):
                                         "dcgmi diag reported no result for any GPU", meta)
         return list(results.values())
 
-    def _coverage(self, ctx: Context, diag: dcgm.DcgmDiag, expected: dict[int, str | None],
+    def _coverage(self, ctx: Context, diag: dcgm.DiagReport, expected: dict[int, str | None],
                   results: dict[str, Result], meta: dict[str, Any]) -> None:
         detected = len(diag.device_ids)
         all_covered = bool(diag.node_wide()) and (not detected or detected >= len(expected))
@@ -223,7 +223,7 @@ class DcgmDiag(Check):
         tests: dict[str, str] = {}
         for r in rows:
             prev = tests.get(r.test)
-            status = worst([DiagStatus(prev), r.status]) if prev else r.status
+            status = worst_diag_status([DiagStatus(prev), r.status]) if prev else r.status
             tests[r.test] = str(status)
         failures = [_finding(r) for r in rows if r.status is DiagStatus.FAIL]
         warnings = [_finding(r) for r in rows if r.status is DiagStatus.WARN]
@@ -231,7 +231,7 @@ class DcgmDiag(Check):
                           if r.status in (DiagStatus.SKIP, DiagStatus.NOT_RUN)})
         details = {**meta, "tests": tests, "failures": failures, "warnings": warnings,
                    "skipped_tests": skipped}
-        overall = worst(r.status for r in rows)
+        overall = worst_diag_status(r.status for r in rows)
         if overall is DiagStatus.FAIL:
             severities = [w.get("error_severity") for f in failures for w in f["warnings"]]
             action = _action(severities)

@@ -44,7 +44,7 @@ from checks._kmsg_events import (
     record_seq,
 )
 from gpu_monitor.check import Check, ClearTracker, Context, Setting
-from gpu_monitor.hw.kmsg import KmsgGap, KmsgRecord
+from gpu_monitor.hw.kmsg.record import KmsgGap, KmsgRecord
 from gpu_monitor.hw.nvml import (
     NVML_GPU_FABRIC_STATE_COMPLETED,
     NVML_SUCCESS,
@@ -68,7 +68,7 @@ from gpu_monitor.profiles.schema import SECONDS
 from gpu_monitor.rules import sxid_catalog
 from gpu_monitor.rules.sxid import SxidEvent, SxidGrouper, parse_sxid, status_of
 from gpu_monitor.rules.xid import XidParseError
-from gpu_monitor.state import XidEvent
+from gpu_monitor.state.kernel_log import XidEvent
 
 log = logging.getLogger(__name__)
 

@@ -165,7 +165,7 @@ class RdmaLoopback(Check):
         """``--use_cuda_bus_id`` or ``--use_cuda`` when perftest was built with CUDA."""
         if not ctx.host.nvml.available():
             return None
-        out = ctx.host.runner.run(["ib_write_bw", "--help"], timeout=15.0)
+        out = ctx.host.commands.run(["ib_write_bw", "--help"], timeout=15.0)
         text = out.stdout + out.stderr
         if "--use_cuda_bus_id" in text:
             return "--use_cuda_bus_id"
@@ -189,7 +189,7 @@ class RdmaLoopback(Check):
             "gpudirect_gpu": gpu[0] if cuda and gpu is not None else None,
             "rate_gbit_per_s": port.rate_gbit,
         }
-        runner = ctx.host.runner
+        runner = ctx.host.commands
         try:
             server = runner.popen(argv)
         except OSError as exc:

@@ -47,7 +47,7 @@ from checks._kmsg_events import (
     worse_than,
 )
 from gpu_monitor.check import Check, ClearTracker, Context, Setting
-from gpu_monitor.hw.kmsg import KmsgGap, KmsgRecord
+from gpu_monitor.hw.kmsg.record import KmsgGap, KmsgRecord
 from gpu_monitor.metric_families import CheckMetric, LatestResult, MetricsHistory, Sample
 from gpu_monitor.model import (
     NODE,
@@ -76,7 +76,7 @@ from gpu_monitor.rules.xid import (
     join_fallen_off,
     parse_xid,
 )
-from gpu_monitor.state import XidEvent
+from gpu_monitor.state.kernel_log import XidEvent
 
 log = logging.getLogger(__name__)
 

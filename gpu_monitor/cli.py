@@ -43,12 +43,14 @@ from gpu_monitor.registry import all_check_classes
 from gpu_monitor.remediate.cli import register as register_remediation
 from gpu_monitor.report_output import emit
 from gpu_monitor.runner import RunnerHooks, run_suite
-from gpu_monitor.sim.inject import KINDS, InjectError, help_text, parse
+from gpu_monitor.sim.faults.base import InjectError
+from gpu_monitor.sim.inject import KINDS, help_text, parse
 from gpu_monitor.sim.node import SimulatedNode
-from gpu_monitor.state import Store, StoreError
-from gpu_monitor.state_cli import register as register_state
-from gpu_monitor.state_recovery import AUTO_RECOVER_MAX_COPIES
-from gpu_monitor.state_recovery import recover as open_or_recover
+from gpu_monitor.state import Store
+from gpu_monitor.state.cli import register as register_state
+from gpu_monitor.state.errors import StoreError
+from gpu_monitor.state.recovery import AUTO_RECOVER_MAX_COPIES
+from gpu_monitor.state.recovery import recover as open_or_recover
 from gpu_monitor.suite import bootstrap_suite, select_checks
 
 log = logging.getLogger("gpu_monitor")
@@ -312,7 +314,7 @@ def _open_store(args: argparse.Namespace, config, clock, host, simulated: bool):
     """The state store (``_state_path``); on any failure the host is closed first."""
     state_path = _state_path(args, config, simulated)
     try:
-        # The long-running daemon may move a damaged file aside at start (state_recovery.py)
+        # The long-running daemon may move a damaged file aside at start (state/recovery.py)
         # rather than crash-loop; one-shot runs only report it.
         if (getattr(args, "command", None) == "daemon" and not getattr(args, "once", False)
                 and config.daemon.recover_corrupt_state):

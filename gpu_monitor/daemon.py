@@ -39,7 +39,7 @@ from prometheus_client import CollectorRegistry
 from gpu_monitor.check import Check, Context
 from gpu_monitor.exporter import Exporter
 from gpu_monitor.hw.inotify import FileWatch
-from gpu_monitor.hw.kmsg import KmsgGap
+from gpu_monitor.hw.kmsg.record import KmsgGap
 from gpu_monitor.metrics import StoreCollector
 from gpu_monitor.model import NODE, Kind, Report, Result, RunOutcome, Status, UsageError
 from gpu_monitor.remediate.bootstrap_gate import BootstrapGate
@@ -423,7 +423,7 @@ def _remediator(env, checks_for_retest, kube_factory=None):
         report_dir = DEFAULT_REPORT_DIR
     delivery = KubeDelivery.from_config(env.config, env.node, env.clock, kube_factory,
                                         namespace=os.environ.get("POD_NAMESPACE", "gpu-monitor"))
-    actuator = HostActuator(env.host.paths, env.host.runner,
+    actuator = HostActuator(env.host.paths, env.host.commands,
                             reboot_sentinel=env.config.remediation.reboot_sentinel)
     return Remediator.from_config(
         env.store, env.config, env.node, delivery, actuator, clock=env.clock,

@@ -31,7 +31,7 @@ from gpu_monitor.hw.paths import HostPaths
 
 if TYPE_CHECKING:  # pragma: no cover
     from gpu_monitor.check import Context
-    from gpu_monitor.hw.nvml import NvmlReader
+    from gpu_monitor.hw.nvml_reader import NvmlReader
     from gpu_monitor.hw.procfs import ProcfsReader
     from gpu_monitor.hw.runtime import TorchRuntime
     from gpu_monitor.hw.sysfs import SysfsReader
@@ -86,11 +86,14 @@ class Unmet:
 
 @dataclass
 class Host:
+    """The readers of one host. ``commands`` runs its external tools (``dcgmi``,
+    ``ib_write_bw``, ``nvidia-smi``); it is not ``runner.py``, which runs checks."""
+
     paths: HostPaths
     nvml: NvmlReader
     sysfs: SysfsReader
     procfs: ProcfsReader
-    runner: CommandRunner
+    commands: CommandRunner
     worker: WorkerSettings = field(default_factory=WorkerSettings)
     # The identity of what is behind the readers ("host" or "simulated:<profile>"), for logs and
     # report details only; checks must not branch on it.
@@ -98,12 +101,11 @@ class Host:
     closers: list[Callable[[], None]] = field(default_factory=list)
     # Called with the daemon's clock when monitoring starts (the simulated node's ticker).
     starters: list[Callable[[Any], None]] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
     _torch: TorchRuntime | None = field(default=None, init=False, repr=False)
 
     @classmethod
     def real(cls, paths: HostPaths, nvml_module: Any = None) -> Host:
-        from gpu_monitor.hw.nvml import NvmlReader
+        from gpu_monitor.hw.nvml_reader import NvmlReader
         from gpu_monitor.hw.procfs import ProcfsReader
         from gpu_monitor.hw.sysfs import SysfsReader
 
@@ -113,11 +115,11 @@ class Host:
             nvml=nvml,
             sysfs=SysfsReader(paths),
             procfs=ProcfsReader(paths),
-            runner=CommandRunner(),
+            commands=CommandRunner(),
         )
 
     def open_kmsg(self, replay: bool = True):
-        from gpu_monitor.hw.kmsg import open_kmsg
+        from gpu_monitor.hw.kmsg.follow import open_kmsg
 
         return open_kmsg(self.paths, replay=replay)
 
@@ -168,8 +170,7 @@ class Host:
             self._torch = probe_torch(self.worker.python, self.worker.env)
         return self._torch
 
-    def unmet(self, requires: Iterable[str], ctx: Context | None = None,
-              invasive: bool = False) -> str:
+    def unmet(self, requires: Iterable[str], ctx: Context | None = None) -> str:
         """Why the requirements are not met (empty string when they all are)."""
         gap = self.requirement_gap(requires, ctx)
         return gap.message if gap is not None else ""
@@ -219,10 +220,10 @@ class Host:
             if hasattr(os, "geteuid") and os.geteuid() != 0:
                 return Unmet(req, "needs root", True)
         elif req == "dcgm":
-            if self.runner.which("dcgmi") is None:
+            if self.commands.which("dcgmi") is None:
                 return Unmet(req, "DCGM not installed (dcgmi not found on PATH)", gpus)
         elif req == "perftest":
-            if self.runner.which("ib_write_bw") is None:
+            if self.commands.which("ib_write_bw") is None:
                 return Unmet(req, "perftest not installed (ib_write_bw not found on PATH)",
                              _expects(ctx, "rdma.ports"))
         elif req == "infiniband":

@@ -2,7 +2,7 @@
 and the reboot sentinel, for the remediator (remediate/actuator.py says what it asks).
 
 Why apart: these are the only host writes and host reads of remediation. The daemon builds one
-from its ``HostPaths`` and command runner and injects it; the remediator never touches ``hw/``.
+from its ``HostPaths`` and command runner (``Host.commands``) and injects it; the remediator never touches ``hw/``.
 Tests inject the GPU reset, the holder scan and NVSwitch detection instead of a real host.
 
 1. **A held GPU is not reset**: any process (other than ours) holding an NVIDIA device node
@@ -42,22 +42,22 @@ KNOWN_HOLDERS = {
 }
 
 
-def nvidia_smi_reset(runner: Any, gpus: Sequence[int] | None, timeout_s: float = 300.0
+def nvidia_smi_reset(commands: Any, gpus: Sequence[int] | None, timeout_s: float = 300.0
                      ) -> ResetOutcome:
     """Reset GPUs with ``nvidia-smi -r`` (``gpus`` None: every GPU at once, as NVSwitch
     systems require; else one ``-i N`` call per GPU)."""
     if gpus is None:
-        listing = runner.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+        listing = commands.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
                              timeout=60.0)
         indices = tuple(int(x) for x in listing.stdout.split() if x.strip().isdigit()) \
             if listing.ok else ()
-        res = runner.run(["nvidia-smi", "-r"], timeout=timeout_s)
+        res = commands.run(["nvidia-smi", "-r"], timeout=timeout_s)
         if not res.ok:
             return ResetOutcome(False, _why(res))
         return ResetOutcome(True, "all GPUs reset", indices)
     done: list[int] = []
     for i in gpus:
-        res = runner.run(["nvidia-smi", "-r", "-i", str(i)], timeout=timeout_s)
+        res = commands.run(["nvidia-smi", "-r", "-i", str(i)], timeout=timeout_s)
         if not res.ok:
             return ResetOutcome(False, f"GPU {i}: {_why(res)}", tuple(done))
         done.append(i)
@@ -90,17 +90,17 @@ def gpu_holders(paths: HostPaths, exclude_pids: Iterable[int] = ()) -> list[str]
 class HostActuator:
     """The host steps of a quarantine on this node (``remediate.actuator.Actuator``).
 
-    ``runner``: a CommandRunner for ``nvidia-smi -r``; ``reboot_sentinel``: the file Kured
+    ``commands``: the host's command runner (``Host.commands``) for ``nvidia-smi -r``; ``reboot_sentinel``: the file Kured
     watches, relative to the host's root (None: no sentinel). ``reset``/``holders``/``nvswitch``
     replace the GPU reset, the holder scan and NVSwitch detection (tests inject them)."""
 
-    def __init__(self, paths: HostPaths | None = None, runner: Any = None, *,
+    def __init__(self, paths: HostPaths | None = None, commands: Any = None, *,
                  reboot_sentinel: str | None = None,
                  reset: Callable[[Sequence[int] | None], ResetOutcome] | None = None,
                  holders: Callable[[], list[str]] | None = None,
                  nvswitch: bool | None = None):
         self.paths = paths or HostPaths()
-        self.runner = runner
+        self.commands = commands
         self.reboot_sentinel = reboot_sentinel
         self._reset = reset
         self._holders = holders
@@ -115,9 +115,9 @@ class HostActuator:
         gpus = None if self._is_nvswitch() else gpus
         if self._reset is not None:
             return self._reset(gpus)
-        if self.runner is None:
+        if self.commands is None:
             return ResetOutcome(False, "no command runner to run nvidia-smi -r")
-        return nvidia_smi_reset(self.runner, gpus)
+        return nvidia_smi_reset(self.commands, gpus)
 
     def _is_nvswitch(self) -> bool:
         if self._nvswitch is not None:

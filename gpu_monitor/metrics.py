@@ -190,7 +190,7 @@ class StoreCollector:
         return g
 
     def _recoveries_metric(self):
-        from gpu_monitor.state_recovery import recoveries_total
+        from gpu_monitor.state.recovery import recoveries_total
 
         try:
             total = recoveries_total(self.store)

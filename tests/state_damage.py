@@ -19,7 +19,8 @@ from pathlib import Path
 
 from gpu_monitor.clock import FakeClock
 from gpu_monitor.model import Result, RunOutcome, Status
-from gpu_monitor.state import LATEST_VERSION, Store
+from gpu_monitor.state import Store
+from gpu_monitor.state.schema import LATEST_VERSION
 
 
 def populated(path: str, n: int = 300) -> None:

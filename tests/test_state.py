@@ -17,15 +17,12 @@ import pytest
 
 from gpu_monitor.clock import FakeClock
 from gpu_monitor.model import Action, Result, RunOutcome, Status, iso
-from gpu_monitor.state import (
-    LATEST_VERSION,
-    ActionRecord,
-    NodeStateChange,
-    RunInfo,
-    Store,
-    StoreError,
-    XidEvent,
-)
+from gpu_monitor.state import Store
+from gpu_monitor.state.errors import StoreError
+from gpu_monitor.state.kernel_log import XidEvent
+from gpu_monitor.state.node import ActionRecord, NodeStateChange
+from gpu_monitor.state.results import RunInfo
+from gpu_monitor.state.schema import LATEST_VERSION
 
 
 @pytest.fixture

@@ -24,7 +24,8 @@ import os, signal, sqlite3, sys
 from gpu_monitor.clock import FakeClock
 from gpu_monitor.model import Result, Status
 from gpu_monitor.model import RunOutcome
-from gpu_monitor.state import Store, XidEvent
+from gpu_monitor.state import Store
+from gpu_monitor.state.kernel_log import XidEvent
 
 path = sys.argv[1]
 clock = FakeClock()

@@ -13,16 +13,9 @@ import pytest
 
 from gpu_monitor.clock import FakeClock
 from gpu_monitor.model import Result, RunOutcome, Status
-from gpu_monitor.state import (
-    APPLICATION_ID,
-    LATEST_VERSION,
-    MIGRATIONS,
-    Migration,
-    Store,
-    StoreCorruptError,
-    StoreError,
-    StoreVersionError,
-)
+from gpu_monitor.state import Store
+from gpu_monitor.state.errors import StoreCorruptError, StoreError, StoreVersionError
+from gpu_monitor.state.schema import APPLICATION_ID, LATEST_VERSION, MIGRATIONS, Migration
 
 # Version 1 exactly as it shipped. Files in the field were built by this text, so the
 # migration that carries it must never change (test_shipped_v1_migration_is_frozen).

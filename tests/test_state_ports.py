@@ -12,7 +12,8 @@ from datetime import timedelta
 import pytest
 
 from gpu_monitor.clock import FakeClock
-from gpu_monitor.state import Store, clip_downtime_s
+from gpu_monitor.state import Store
+from gpu_monitor.state.ports import clip_downtime_s
 
 T0 = FakeClock().now()
 

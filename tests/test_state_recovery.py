@@ -1,7 +1,7 @@
 """Damaged or unreadable state files: each kind is refused with ``StoreCorruptError``, whose
 message names the file and the recovery command, the file is left as it was (its WAL
-included), and ``Store.quarantine_corrupt`` moves it aside so the next start begins empty.
-The recovery built on it (state_recovery.py) is tested at the end.
+included), and ``move_aside`` moves it aside so the next start begins empty.
+The recovery built on it (state/recovery.py) is tested at the end.
 """
 
 from __future__ import annotations
@@ -17,14 +17,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpu_monitor.clock import FakeClock
-from gpu_monitor.state import (
-    LATEST_VERSION,
+from gpu_monitor.state import Store
+from gpu_monitor.state.errors import (
     RECOVER_COMMAND,
-    Store,
     StoreCorruptError,
     StoreError,
     StoreVersionError,
 )
+from gpu_monitor.state.files import check_file
+from gpu_monitor.state.recovery import move_aside
+from gpu_monitor.state.schema import LATEST_VERSION
 from tests.state_damage import (
     DAMAGED,
     assert_untouched,
@@ -135,7 +137,7 @@ def test_an_uncreatable_state_directory_is_a_store_error(tmp_path):
     assert not isinstance(ei.value, StoreCorruptError)
 
 
-# --- quarantine_corrupt ----------------------------------------------------------------------------
+# --- move_aside ----------------------------------------------------------------------------------
 
 
 def test_quarantine_moves_the_file_aside_and_the_next_open_starts_empty(tmp_path):
@@ -144,7 +146,7 @@ def test_quarantine_moves_the_file_aside_and_the_next_open_starts_empty(tmp_path
     content = Path(path).read_bytes()
     with pytest.raises(StoreCorruptError) as ei:
         Store.open(path)
-    moved = Store.quarantine_corrupt(ei.value.path, FakeClock())
+    moved = move_aside(ei.value.path, FakeClock())
     assert moved.startswith(path + ".corrupt-")
     assert not os.path.exists(path)
     assert Path(moved).read_bytes() == content
@@ -157,7 +159,7 @@ def test_quarantine_takes_the_wal_along_under_a_matching_name(tmp_path):
     _populated(path, 3)
     Path(path + "-wal").write_bytes(b"wal bytes")
     Path(path + "-shm").write_bytes(b"shm bytes")
-    moved = Store.quarantine_corrupt(path)
+    moved = move_aside(path)
     assert Path(moved + "-wal").read_bytes() == b"wal bytes"
     assert Path(moved + "-shm").read_bytes() == b"shm bytes"
     assert not any(os.path.exists(path + s) for s in ("", "-wal", "-shm"))
@@ -167,9 +169,9 @@ def test_quarantining_twice_in_the_same_second_keeps_both_copies(tmp_path):
     path = str(tmp_path / "state.db")
     clock = FakeClock()
     make_garbage(path)
-    first = Store.quarantine_corrupt(path, clock)
+    first = move_aside(path, clock)
     make_not_sqlite(path)
-    second = Store.quarantine_corrupt(path, clock)
+    second = move_aside(path, clock)
     assert first != second
     assert Path(first).read_bytes() == bytes(range(256)) * 16
     assert "quarantined" in Path(second).read_text()
@@ -177,15 +179,15 @@ def test_quarantining_twice_in_the_same_second_keeps_both_copies(tmp_path):
 
 def test_quarantine_of_a_missing_file_says_so(tmp_path):
     with pytest.raises(StoreError, match="does not exist"):
-        Store.quarantine_corrupt(str(tmp_path / "absent.db"))
+        move_aside(str(tmp_path / "absent.db"))
     with pytest.raises(StoreError, match="in-memory"):
-        Store.quarantine_corrupt(":memory:")
+        move_aside(":memory:")
 
 
 def test_quarantine_moves_a_directory_too(tmp_path):
     path = str(tmp_path / "state.db")
     os.mkdir(path)
-    moved = Store.quarantine_corrupt(path)
+    moved = move_aside(path)
     assert os.path.isdir(moved)
     Store.open(path).close()
 
@@ -195,7 +197,7 @@ def test_quarantine_moves_a_directory_too(tmp_path):
 
 def test_check_file_judges_without_creating_or_migrating(tmp_path):
     path = str(tmp_path / "state.db")
-    assert Store.check_file(path) is None
+    assert check_file(path) is None
     assert not os.path.exists(path)  # an absent file is not created
     populated(path, 5)
     raw = sqlite3.connect(path)
@@ -203,7 +205,7 @@ def test_check_file_judges_without_creating_or_migrating(tmp_path):
     raw.commit()
     raw.close()
     before = Path(path).read_bytes()
-    assert Store.check_file(path) == 2
+    assert check_file(path) == 2
     assert Path(path).read_bytes() == before  # not migrated, not written
 
 
@@ -214,7 +216,7 @@ def test_check_file_finds_each_kind_of_damage(tmp_path, make, detail):
     make(path)
     before = snapshot(path)
     with pytest.raises(StoreCorruptError) as ei:
-        Store.check_file(path)
+        check_file(path)
     assert detail in ei.value.detail
     assert_untouched(path, before)
 
@@ -223,18 +225,18 @@ def test_check_file_refuses_a_newer_release_file(tmp_path):
     path = str(tmp_path / "state.db")
     make_newer_version(path)
     with pytest.raises(StoreVersionError) as ei:
-        Store.check_file(path)
+        check_file(path)
     assert ei.value.found == LATEST_VERSION + 1
     assert RECOVER_COMMAND in str(ei.value) and "downgrade" in str(ei.value)
 
 
-# --- recover: state_recovery.py ------------------------------------------------------------------
+# --- recover: state/recovery.py -----------------------------------------------------------------
 
 
 @pytest.mark.parametrize(("make", "detail"), [v[1:] for v in FILE_VARIANTS],
                          ids=[v[0] for v in FILE_VARIANTS])
 def test_recover_moves_each_damaged_kind_aside_with_its_companions(tmp_path, make, detail):
-    from gpu_monitor.state_recovery import recover, recoveries, recoveries_total
+    from gpu_monitor.state.recovery import recover, recoveries, recoveries_total
 
     path = str(tmp_path / "state.db")
     make(path)
@@ -255,7 +257,7 @@ def test_recover_moves_each_damaged_kind_aside_with_its_companions(tmp_path, mak
 
 
 def test_recover_leaves_a_sound_file_as_it_is(tmp_path):
-    from gpu_monitor.state_recovery import corrupt_copies, recover
+    from gpu_monitor.state.recovery import corrupt_copies, recover
 
     path = str(tmp_path / "state.db")
     populated(path, 5)
@@ -266,7 +268,7 @@ def test_recover_leaves_a_sound_file_as_it_is(tmp_path):
 
 
 def test_recover_treats_an_empty_file_as_a_new_store(tmp_path):
-    from gpu_monitor.state_recovery import corrupt_copies, recover
+    from gpu_monitor.state.recovery import corrupt_copies, recover
 
     path = str(tmp_path / "state.db")
     Path(path).write_bytes(b"")
@@ -276,7 +278,7 @@ def test_recover_treats_an_empty_file_as_a_new_store(tmp_path):
 
 
 def test_recover_refuses_a_newer_release_file_and_leaves_it(tmp_path):
-    from gpu_monitor.state_recovery import corrupt_copies, recover
+    from gpu_monitor.state.recovery import corrupt_copies, recover
 
     path = str(tmp_path / "state.db")
     make_newer_version(path)
@@ -288,7 +290,7 @@ def test_recover_refuses_a_newer_release_file_and_leaves_it(tmp_path):
 
 
 def test_recover_refuses_a_file_it_may_not_read(unreadable):
-    from gpu_monitor.state_recovery import corrupt_copies, recover
+    from gpu_monitor.state.recovery import corrupt_copies, recover
 
     with unreadable, pytest.raises(StoreCorruptError) as ei:
         recover(unreadable.path, by="daemon")
@@ -297,7 +299,7 @@ def test_recover_refuses_a_file_it_may_not_read(unreadable):
 
 
 def test_recover_moves_a_directory_aside(tmp_path):
-    from gpu_monitor.state_recovery import recover
+    from gpu_monitor.state.recovery import recover
 
     path = str(tmp_path / "state.db")
     make_directory(path)
@@ -308,7 +310,7 @@ def test_recover_moves_a_directory_aside(tmp_path):
 
 
 def test_each_recovery_counts_the_copies_kept_beside_the_file(tmp_path):
-    from gpu_monitor.state_recovery import corrupt_copies, recover, recoveries_total
+    from gpu_monitor.state.recovery import corrupt_copies, recover, recoveries_total
 
     path = str(tmp_path / "state.db")
     clock = FakeClock()
@@ -324,7 +326,7 @@ def test_each_recovery_counts_the_copies_kept_beside_the_file(tmp_path):
 
 
 def test_automatic_recovery_stops_at_max_copies(tmp_path):
-    from gpu_monitor.state_recovery import corrupt_copies, recover
+    from gpu_monitor.state.recovery import corrupt_copies, recover
 
     path = str(tmp_path / "state.db")
     clock = FakeClock()
@@ -386,7 +388,7 @@ def _mutated(data: st.DataObject) -> bytes:
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_only_store_errors_escape_and_recovery_keeps_every_byte(tmp_path_factory, data):
-    from gpu_monitor.state_recovery import recover
+    from gpu_monitor.state.recovery import recover
 
     content = data.draw(st.one_of(st.binary(max_size=4096), st.builds(_mutated, st.data())),
                         label="file")

@@ -175,7 +175,7 @@ class DiagTestSummary:
 
 
 @dataclass(frozen=True)
-class DcgmDiag:
+class DiagReport:
     """A parsed ``dcgmi diag`` run."""
 
     shape: str  # "3.x" (also 2.x compact), "4.x" or "text"
@@ -312,7 +312,7 @@ def _results_of(category: str, test: str, raw: Mapping[str, Any]) -> list[DiagRe
     return [DiagResult(category, test, status, g, "GPU", g, warnings, info) for g in ids]
 
 
-def parse_diag_json(text: str) -> DcgmDiag:
+def parse_diag_json(text: str) -> DiagReport:
     """Parse ``dcgmi diag -j`` output of any supported DCGM release."""
     key, doc = _find_diag_object(text)
     diag = doc[key]
@@ -352,7 +352,7 @@ def parse_diag_json(text: str) -> DcgmDiag:
                            if isinstance(e, Mapping) and e.get("device_id") is not None]
     if not results and not summaries and not runtime_error:
         raise DcgmParseError("the DCGM diagnostic object holds no test results")
-    return DcgmDiag(
+    return DiagReport(
         shape="4.x" if key == KEY_4X else "3.x",
         results=tuple(results),
         summaries=tuple(summaries),
@@ -399,7 +399,7 @@ class _TextTest:
     info: list[str] = field(default_factory=list)
 
 
-def parse_diag_text(text: str) -> DcgmDiag:
+def parse_diag_text(text: str) -> DiagReport:
     """Parse the plain-text ``dcgmi diag`` table (the fallback when JSON is not available)."""
     lines = text.splitlines()
     start = next((i for i, ln in enumerate(lines) if re.match(r"^\|\s*Diagnostic\s*\|", ln)), None)
@@ -476,7 +476,7 @@ def parse_diag_text(text: str) -> DcgmDiag:
             results.append(DiagResult(t.category, t.name, status, gpu, "GPU", gpu,
                                       warnings, tuple(t.info)))
     ids = tuple(s.strip() for s in meta.get("device_ids", "").split(",") if s.strip())
-    return DcgmDiag(shape="text", results=tuple(results), version=meta.get("version"),
+    return DiagReport(shape="text", results=tuple(results), version=meta.get("version"),
                     driver_version=meta.get("driver_version"), device_ids=ids,
                     complete=complete, metadata=dict(meta))
 
@@ -506,7 +506,7 @@ def _add_text_status(test: _TextTest, cell: str) -> None:
 # --- either ----------------------------------------------------------------------------------
 
 
-def parse_diag(text: str) -> DcgmDiag:
+def parse_diag(text: str) -> DiagReport:
     """JSON when the output holds a diagnostic object, else the text table.
 
     The JSON error wins when the output looks like JSON (``{`` present, no table): a truncated
@@ -541,7 +541,7 @@ def connection_error(text: str) -> str | None:
     return None
 
 
-def worst(statuses: Iterable[DiagStatus]) -> DiagStatus | None:
+def worst_diag_status(statuses: Iterable[DiagStatus]) -> DiagStatus | None:
     """fail > warn > pass > skip/not run; None for no statuses."""
     order = {DiagStatus.FAIL: 4, DiagStatus.WARN: 3, DiagStatus.PASS: 2, DiagStatus.SKIP: 1,
              DiagStatus.NOT_RUN: 0}

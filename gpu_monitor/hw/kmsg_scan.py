@@ -23,15 +23,9 @@ import os
 import re
 from collections.abc import Iterable, Iterator
 
-from gpu_monitor.hw.kmsg import (
-    FIFO_IDLE_S,
-    MAX_LINE_BYTES,
-    KmsgRecord,
-    _Assembler,
-    log_stream,
-    open_log_file,
-    read_records,
-)
+from gpu_monitor.hw.kmsg.files import FIFO_IDLE_S, log_stream, open_log_file, read_records
+from gpu_monitor.hw.kmsg.record import MAX_LINE_BYTES, KmsgRecord
+from gpu_monitor.hw.kmsg.text import LineAssembler
 
 _WS = (0x20, 0x09)  # a line starting with one of these continues the record before it
 _NL = (0x0A, 0x0D)
@@ -175,7 +169,7 @@ def _mapped(buf: mmap.mmap, raw, needles: tuple[bytes, ...], stats: ScanStats
         segment = buf[start:end]
         if segment.endswith(b"\n"):
             segment = segment[:-1]
-        asm = _Assembler()
+        asm = LineAssembler()
         asm.line_no = line_no
         for line in segment.split(b"\n"):
             rec = (asm.feed_overlong(line[:MAX_LINE_BYTES]) if len(line) > MAX_LINE_BYTES

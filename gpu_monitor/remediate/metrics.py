@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from gpu_monitor.metric_families import MetricDoc
 from gpu_monitor.remediate.record import KV_BREAKER, KV_NAMESPACE
 from gpu_monitor.remediate.reports import REPORT_ACTIONS
-from gpu_monitor.state import NODE_STATES
+from gpu_monitor.state.node import NODE_STATES
 
 __all__ = ["METRICS", "REMEDIATION_METRICS", "remediation_collector"]
 

@@ -36,7 +36,7 @@ from gpu_monitor.remediate.memory import PolicyMemory
 from gpu_monitor.remediate.policy import DEFAULT_CONDITION, PROBLEM_CLASSES, Decision, Op
 from gpu_monitor.remediate.record import KV_BREAKER, KV_NAMESPACE, QuarantineRecord, Retest
 from gpu_monitor.remediate.settings import RemediationSettings, Timing
-from gpu_monitor.state_recovery import mark_announced, recoveries
+from gpu_monitor.state.recovery import mark_announced, recoveries
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +231,7 @@ class Remediator:
     # --- state recovery ---------------------------------------------------------------------------
 
     def _announce_state_recoveries(self) -> None:
-        """One ``StateRecovered`` Event per recovery of the state file (state_recovery.py keeps
+        """One ``StateRecovered`` Event per recovery of the state file (state/recovery.py keeps
         the record in the fresh store). The record is marked announced only once the backend
         accepted the Event, so an outage or a restart before that delays it, never loses it.
         The recovery really happened, so no ``[dry-run]`` prefix."""

@@ -37,6 +37,7 @@ from gpu_monitor.host import Host, WorkerSettings
 from gpu_monitor.hw.command import CommandRunner
 from gpu_monitor.hw.paths import HostPaths
 from gpu_monitor.sim import inject as inj
+from gpu_monitor.sim.faults.base import Fault
 from gpu_monitor.sim.spec import (
     CLOCK_EVENT_HW_THERMAL,
     CLOCK_EVENT_SW_POWER_CAP,
@@ -69,7 +70,7 @@ _PCI_DEVICE_IDS = {"H100": 0x2330, "H200": 0x2335, "A100": 0x20B2}
 @dataclass
 class _Scheduled:
     at_s: float
-    fault: inj.Fault
+    fault: Fault
     revert: bool = False
     before: dict | None = None
 
@@ -126,7 +127,7 @@ class SimulatedNode:
 
     TICK_S = 0.2  # fault timing resolution; the ticker's wake-ups are part of what benches see
 
-    def __init__(self, profile, faults: Iterable[inj.Fault] = (), root: str | None = None,
+    def __init__(self, profile, faults: Iterable[Fault] = (), root: str | None = None,
                  hostname: str = "sim-node-0"):
         self.profile = profile
         self.spec = build_spec(profile, hostname)
@@ -153,7 +154,7 @@ class SimulatedNode:
 
     # --- faults ------------------------------------------------------------------------------
 
-    def _schedule(self, fault: inj.Fault) -> None:
+    def _schedule(self, fault: Fault) -> None:
         kind = inj.KINDS[fault.kind]
         # Kernel-log and port faults carry their own timing inside the spec.
         self_timed = fault.kind in ("xid", "sxid", "port-down")
@@ -373,7 +374,7 @@ class SimulatedNode:
         self._thread.start()
 
     def host(self) -> Host:
-        from gpu_monitor.hw.nvml import NvmlReader
+        from gpu_monitor.hw.nvml_reader import NvmlReader
         from gpu_monitor.hw.procfs import ProcfsReader
         from gpu_monitor.hw.sysfs import SysfsReader
         from gpu_monitor.sim.fake_nvml import FakeNvml
@@ -383,7 +384,7 @@ class SimulatedNode:
             nvml=NvmlReader(FakeNvml(self.spec)),
             sysfs=SysfsReader(self.paths),
             procfs=ProcfsReader(self.paths),
-            runner=CommandRunner(search_path=[self.bin_dir]),
+            commands=CommandRunner(search_path=[self.bin_dir]),
             worker=WorkerSettings(
                 device_type="cpu",
                 env={"GPU_MONITOR_SIM_STATE": self.state_file},

@@ -25,7 +25,8 @@ import pytest
 
 from gpu_monitor.check import Context
 from gpu_monitor.config import DEFAULT_CONFIG
-from gpu_monitor.hw.nvml import NvmlReader, translate_error
+from gpu_monitor.hw.nvml import translate_error
+from gpu_monitor.hw.nvml_reader import NvmlReader
 from gpu_monitor.profiles import load_profile
 from gpu_monitor.registry import all_check_classes
 from gpu_monitor.runner import run_check

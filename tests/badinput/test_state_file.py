@@ -13,8 +13,8 @@ import dataclasses
 
 import pytest
 
-from gpu_monitor.state import RECOVER_COMMAND
-from gpu_monitor.state_recovery import corrupt_copies
+from gpu_monitor.state.errors import RECOVER_COMMAND
+from gpu_monitor.state.recovery import corrupt_copies
 from tests.badinput.harness import config_case, ids, run_case
 from tests.state_damage import (
     DAMAGED,

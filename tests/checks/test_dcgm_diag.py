@@ -118,7 +118,7 @@ def test_a_foreign_gpu_process_stops_the_invasive_run(node):
 @pytest.mark.skipif(shutil.which("dcgmi") is not None, reason="this host has a real dcgmi")
 def test_without_dcgmi_the_check_is_skipped(node, tmp_path):
     _, ctx = node()
-    ctx.host.runner = CommandRunner(search_path=[str(tmp_path)])
+    ctx.host.commands = CommandRunner(search_path=[str(tmp_path)])
     (r,) = run(ctx).values()
     assert (r.status, r.reason) == (Status.SKIPPED, "RequirementMissing")
 
@@ -149,7 +149,7 @@ def fake_dcgmi(tmp_path, stdout="", stderr="", code=0, sleep=0.0):
 def bad(node, tmp_path):
     def build(config=DEFAULT_CONFIG, **tool):
         _, ctx = node(config=config)
-        ctx.host.runner = fake_dcgmi(tmp_path, **tool)
+        ctx.host.commands = fake_dcgmi(tmp_path, **tool)
         return run(ctx)
     return build
 

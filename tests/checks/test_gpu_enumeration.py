@@ -21,7 +21,7 @@ from checks.temperature import Temperature
 from checks.throttle import Throttle
 from gpu_monitor.check import Check, Context
 from gpu_monitor.config import DEFAULT_CONFIG
-from gpu_monitor.hw.nvml import NvmlReader
+from gpu_monitor.hw.nvml_reader import NvmlReader
 from gpu_monitor.model import Status
 from gpu_monitor.profiles import load_profile
 from gpu_monitor.sim.fake_nvml import FakeNvml

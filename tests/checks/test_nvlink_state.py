@@ -10,7 +10,7 @@ from checks.nvlink_state import NvlinkState
 from gpu_monitor.check import Context
 from gpu_monitor.clock import FakeClock
 from gpu_monitor.config import DEFAULT_CONFIG
-from gpu_monitor.hw.nvml import NvmlReader
+from gpu_monitor.hw.nvml_reader import NvmlReader
 from gpu_monitor.model import Status
 from gpu_monitor.profiles import load_profile
 from gpu_monitor.runner import run_check

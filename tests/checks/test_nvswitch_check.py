@@ -11,7 +11,8 @@ import pytest
 from checks.nvswitch import NvSwitch
 from gpu_monitor.check import Context
 from gpu_monitor.config import DEFAULT_CONFIG
-from gpu_monitor.hw.kmsg import iter_file, parse_text_line
+from gpu_monitor.hw.kmsg.files import iter_file
+from gpu_monitor.hw.kmsg.text import parse_text_line
 from gpu_monitor.model import Action, Status
 from gpu_monitor.profiles import load_profile
 from gpu_monitor.sim.inject import parse as fault
@@ -153,7 +154,7 @@ def test_unknown_sxid_codes_and_garbage_are_counted(sim):
 
 
 def test_a_ring_buffer_gap_is_not_a_record(sim):
-    from gpu_monitor.hw.kmsg import KmsgGap
+    from gpu_monitor.hw.kmsg.record import KmsgGap
 
     assert NvSwitch().on_kmsg(KmsgGap(None, "overrun"), sim.ctx()) == ()
 

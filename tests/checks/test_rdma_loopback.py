@@ -111,7 +111,7 @@ def test_use_cuda_off_uses_host_memory(node):
 @pytest.mark.skipif(shutil.which("ib_write_bw") is not None, reason="real perftest installed")
 def test_without_perftest_the_check_is_skipped(node, tmp_path):
     _, ctx = node()
-    ctx.host.runner = CommandRunner(search_path=[str(tmp_path)])
+    ctx.host.commands = CommandRunner(search_path=[str(tmp_path)])
     (r,) = run(ctx).values()
     assert (r.status, r.reason) == (Status.SKIPPED, "RequirementMissing")
 
@@ -173,7 +173,7 @@ def fake_perftest(tmp_path, server=None, client=None, help_text="Usage: ib_write
 def bad(node, tmp_path):
     def build(**behaviour):
         _, ctx = node(*ONLY_MLX5_0, config=Config(checks=FAST))
-        ctx.host.runner = fake_perftest(tmp_path, **behaviour)
+        ctx.host.commands = fake_perftest(tmp_path, **behaviour)
         res = run(ctx)
         assert not_ok(res).pop("ib:mlx5_1:1") == (Status.SKIPPED, "PortNotActive")
         return res["ib:mlx5_0:1"]

@@ -480,7 +480,7 @@ def test_a_judged_file_that_does_not_parse_makes_the_polled_port_unknown(rig, re
 def tree_host(root: Path) -> Host:
     paths = HostPaths().under(str(root))
     return Host(paths=paths, nvml=None, sysfs=SysfsReader(paths), procfs=ProcfsReader(paths),
-                runner=CommandRunner())
+                commands=CommandRunner())
 
 
 def test_gpud_h100_sysfs_tree_every_400g_port_ok(fixtures_dir, tmp_path):

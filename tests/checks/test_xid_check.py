@@ -14,8 +14,10 @@ from gpu_monitor.check import Context
 from gpu_monitor.config import DEFAULT_CONFIG
 from gpu_monitor.host import Host
 from gpu_monitor.hw.command import CommandRunner
-from gpu_monitor.hw.kmsg import KmsgDeviceSource, iter_file, parse_text_line
-from gpu_monitor.hw.nvml import NvmlReader
+from gpu_monitor.hw.kmsg.device import KmsgDeviceSource
+from gpu_monitor.hw.kmsg.files import iter_file
+from gpu_monitor.hw.kmsg.text import parse_text_line
+from gpu_monitor.hw.nvml_reader import NvmlReader
 from gpu_monitor.hw.paths import HostPaths
 from gpu_monitor.hw.procfs import ProcfsReader
 from gpu_monitor.hw.sysfs import SysfsReader
@@ -46,7 +48,7 @@ class Node:
         self.set_uptime(uptime)
         self.host = Host(paths=self.paths, nvml=NvmlReader(FakeNvml(self.spec)),
                          sysfs=SysfsReader(self.paths), procfs=ProcfsReader(self.paths),
-                         runner=CommandRunner())
+                         commands=CommandRunner())
         self.clock = clock
         self.store = store if store is not None else Store.open(":memory:", clock)
         self.profile = profile
@@ -383,7 +385,7 @@ def test_garbage_unknown_codes_and_missing_addresses_are_counted(node):
 
 
 def test_a_ring_buffer_gap_is_not_a_record(node):
-    from gpu_monitor.hw.kmsg import KmsgGap
+    from gpu_monitor.hw.kmsg.record import KmsgGap
 
     assert Xid().on_kmsg(KmsgGap(12, "overrun"), node.ctx()) == ()
 

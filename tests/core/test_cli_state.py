@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from gpu_monitor.cli import build_env, build_parser, main
-from gpu_monitor.state import LATEST_VERSION, RECOVER_COMMAND, Store
-from gpu_monitor.state_recovery import corrupt_copies, recoveries
+from gpu_monitor.state import Store
+from gpu_monitor.state.errors import RECOVER_COMMAND
+from gpu_monitor.state.recovery import corrupt_copies, recoveries
+from gpu_monitor.state.schema import LATEST_VERSION
 from tests.state_damage import (
     DAMAGED,
     assert_untouched,

@@ -143,7 +143,7 @@ COMPOSITION = ("gpu_monitor.profiles.settings", "gpu_monitor.declarations")
 NOT_YET = {
     "checks._kmsg_events", "checks.burn_in", "gpu_monitor.check", "gpu_monitor.docs_gen",
     "gpu_monitor.metrics", "gpu_monitor.registry", "gpu_monitor.host", "gpu_monitor.hw.runtime",
-    "gpu_monitor.sim.node", "gpu_monitor.state_cli", "gpu_monitor.sdc.probe_worker",
+    "gpu_monitor.sim.node", "gpu_monitor.sdc.probe_worker",
     "gpu_monitor.sdc.report",
     # the remediator wiring in daemon.py (_remediator, _node_delivery)
     "gpu_monitor.daemon",

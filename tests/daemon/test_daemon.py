@@ -297,7 +297,7 @@ class _GapSource:
 
 
 def test_ring_buffer_overrun_reports_unknown_and_keeps_following(sim_env):
-    from gpu_monitor.hw.kmsg import KmsgGap, parse_kmsg_record
+    from gpu_monitor.hw.kmsg.record import KmsgGap, parse_kmsg_record
 
     _, ctx = sim_env()
     check = KmsgCounter()

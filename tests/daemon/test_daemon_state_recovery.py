@@ -25,8 +25,8 @@ if _KUBE not in sys.path:
 
 from fake_apiserver import FakeApiServer  # noqa: E402
 
-from gpu_monitor.state import RECOVER_COMMAND  # noqa: E402
-from gpu_monitor.state_recovery import corrupt_copies  # noqa: E402
+from gpu_monitor.state.errors import RECOVER_COMMAND  # noqa: E402
+from gpu_monitor.state.recovery import corrupt_copies  # noqa: E402
 from tests.state_damage import (  # noqa: E402
     assert_untouched,
     make_malformed_page_with_live_wal,

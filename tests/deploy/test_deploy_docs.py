@@ -80,7 +80,7 @@ def test_the_runbook_explains_every_declared_reason():
 
 
 def test_the_runbook_covers_every_quarantine_state():
-    from gpu_monitor.state import NODE_STATES
+    from gpu_monitor.state.node import NODE_STATES
 
     text = _runbook()
     section = text[text.index("## Quarantine states"):]

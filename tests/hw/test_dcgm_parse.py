@@ -15,7 +15,7 @@ from gpu_monitor.hw.dcgm import (
     parse_diag_json,
     parse_diag_text,
     parse_status,
-    worst,
+    worst_diag_status,
 )
 
 D = "dcgm_diag"
@@ -274,9 +274,9 @@ def test_statuses_of_every_release():
     assert [parse_status(s) for s in ("PASS", "Pass", "fail", "Warn", "SKIP", "Not Run")] == [
         DiagStatus.PASS, DiagStatus.PASS, DiagStatus.FAIL, DiagStatus.WARN, DiagStatus.SKIP,
         DiagStatus.NOT_RUN]
-    assert worst([DiagStatus.PASS, DiagStatus.SKIP, DiagStatus.WARN]) is DiagStatus.WARN
-    assert worst([DiagStatus.SKIP, DiagStatus.FAIL]) is DiagStatus.FAIL
-    assert worst([]) is None
+    assert worst_diag_status([DiagStatus.PASS, DiagStatus.SKIP, DiagStatus.WARN]) is DiagStatus.WARN
+    assert worst_diag_status([DiagStatus.SKIP, DiagStatus.FAIL]) is DiagStatus.FAIL
+    assert worst_diag_status([]) is None
 
 
 def test_error_names_are_dcgm_failure_codes(fixtures_dir):

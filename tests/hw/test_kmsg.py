@@ -9,18 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from gpu_monitor.hw.kmsg import (
+from gpu_monitor.hw.kmsg.files import KmsgFileSource, iter_file
+from gpu_monitor.hw.kmsg.record import (
     MAX_LINE_BYTES,
     SOURCE_FORMATS,
-    WALLCLOCK_MAX,
-    WALLCLOCK_MIN,
-    KmsgFileSource,
     KmsgParseError,
     KmsgRecord,
-    iter_file,
     parse_kmsg_record,
-    parse_text_line,
 )
+from gpu_monitor.hw.kmsg.text import WALLCLOCK_MAX, WALLCLOCK_MIN, parse_text_line
 from tests.hw.kmsg_shapes import HUGE_SECONDS, IN_RANGE, MONOTONIC_FORMATS, wallclock_lines
 
 UTC = timezone.utc

@@ -16,16 +16,9 @@ import tempfile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_monitor.hw.kmsg import (
-    MAX_LINE_BYTES,
-    WALLCLOCK_MAX,
-    WALLCLOCK_MIN,
-    KmsgParseError,
-    KmsgRecord,
-    iter_file,
-    parse_kmsg_record,
-    parse_text_line,
-)
+from gpu_monitor.hw.kmsg.files import iter_file
+from gpu_monitor.hw.kmsg.record import MAX_LINE_BYTES, KmsgParseError, KmsgRecord, parse_kmsg_record
+from gpu_monitor.hw.kmsg.text import WALLCLOCK_MAX, WALLCLOCK_MIN, parse_text_line
 from gpu_monitor.hw.kmsg_scan import iter_matching
 
 PROPERTY = settings(deadline=None, derandomize=True, max_examples=300)

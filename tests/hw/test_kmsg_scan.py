@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gpu_monitor.hw import kmsg_scan
-from gpu_monitor.hw.kmsg import MAX_LINE_BYTES, iter_file
+from gpu_monitor.hw.kmsg.files import iter_file
+from gpu_monitor.hw.kmsg.record import MAX_LINE_BYTES
 from gpu_monitor.hw.kmsg_scan import ScanStats, iter_matching
 
 NEEDLES = (b"NVRM", b"SXid")

@@ -13,17 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from gpu_monitor.hw.kmsg import (
-    KMSG_READ_BUFFER,
-    MAX_LINE_BYTES,
-    FdRecordReader,
-    KmsgDeviceSource,
-    KmsgFileSource,
-    KmsgGap,
-    KmsgRecord,
-    iter_file,
-    open_kmsg,
-)
+from gpu_monitor.hw.kmsg.device import KMSG_READ_BUFFER, FdRecordReader, KmsgDeviceSource
+from gpu_monitor.hw.kmsg.files import KmsgFileSource, iter_file
+from gpu_monitor.hw.kmsg.follow import open_kmsg
+from gpu_monitor.hw.kmsg.record import MAX_LINE_BYTES, KmsgGap, KmsgRecord
 from gpu_monitor.hw.paths import HostPaths
 
 

@@ -18,13 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpu_monitor.hw import nvml as nvml_mod
+from gpu_monitor.hw import nvml_reader
 from gpu_monitor.hw.nvml import (
     EccInfo,
     FabricInfo,
     GpuProcess,
     NvmlError,
     NvmlErrorKind,
-    NvmlReader,
     PcieLink,
     RemapHistogram,
     RemapInfo,
@@ -32,6 +32,7 @@ from gpu_monitor.hw.nvml import (
     Temperatures,
     translate_error,
 )
+from gpu_monitor.hw.nvml_reader import NvmlReader
 from gpu_monitor.sim.fake_nvml import FakeNvml
 from gpu_monitor.sim.spec import GpuSpec, NodeSpec
 
@@ -85,7 +86,7 @@ def reader(fake: FakeNvml) -> NvmlReader:
 
 
 def test_importing_the_reader_does_not_import_pynvml():
-    code = ("import sys, gpu_monitor.hw.nvml, gpu_monitor.sim.fake_nvml; "
+    code = ("import sys, gpu_monitor.hw.nvml, gpu_monitor.hw.nvml_reader, gpu_monitor.sim.fake_nvml; "
             "sys.exit(1 if 'pynvml' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
@@ -890,7 +891,7 @@ def test_thread_safety_smoke(spec, fake):
 
 
 def _calls_in_reader_source() -> set[str]:
-    source = Path(nvml_mod.__file__).read_text()
+    source = Path(nvml_reader.__file__).read_text()
     names = set(re.findall(r'"(nvml[A-Z][A-Za-z0-9_]*)"', source))
     # call + "_v2" fallbacks
     names |= {n + "_v2" for n in names if n.endswith("RunningProcesses")}
@@ -924,4 +925,4 @@ def test_error_kind_tables_agree_with_pynvml():
     pynvml = pytest.importorskip("pynvml")
     for name, kind in nvml_mod._NAME_KINDS.items():
         cls = getattr(pynvml, name)
-        assert nvml_mod._CODE_KINDS[cls().value] is kind, name
+        assert nvml_mod.CODE_KINDS[cls().value] is kind, name

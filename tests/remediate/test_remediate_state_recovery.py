@@ -13,7 +13,7 @@ from remediate_helpers import (
 
 from gpu_monitor.clock import FakeClock
 from gpu_monitor.state import Store
-from gpu_monitor.state_recovery import recover, recoveries
+from gpu_monitor.state.recovery import recover, recoveries
 from tests.state_damage import make_garbage
 
 NODE = "gpu-node-1"

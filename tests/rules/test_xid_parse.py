@@ -6,7 +6,8 @@ from collections import Counter
 
 import pytest
 
-from gpu_monitor.hw.kmsg import iter_file, parse_text_line
+from gpu_monitor.hw.kmsg.files import iter_file
+from gpu_monitor.hw.kmsg.text import parse_text_line
 from gpu_monitor.model import Action, Status
 from gpu_monitor.rules.sxid import ParsedSxid, SxidGrouper, parse_sxid, status_of
 from gpu_monitor.rules.xid import (

@@ -1,7 +1,9 @@
 import pytest
 
 from gpu_monitor.sim import inject
-from gpu_monitor.sim.inject import InjectError, parse
+from gpu_monitor.sim.faults import tools
+from gpu_monitor.sim.faults.base import InjectError
+from gpu_monitor.sim.inject import parse
 from gpu_monitor.sim.spec import CLOCK_EVENT_HW_THERMAL, GpuSpec, IbPortSpec, NodeSpec, NvSwitchSpec
 
 
@@ -154,7 +156,7 @@ def test_nvml_error_at_the_node_fails_a_call_for_every_gpu_and_calls_that_name_n
     assert s.gpu(1).nvml_errors == {"NVML_FI_DEV_MEMORY_TEMP": "NotReady"}
 
 
-@pytest.mark.parametrize("error", inject.NVML_ERRORS)
+@pytest.mark.parametrize("error", tools.NVML_ERRORS)
 def test_nvml_error_takes_every_error_pynvml_can_raise(error):
     s = apply(f"nvml-error@gpu:0,call=nvmlDeviceGetUUID,error={error}")
     assert s.gpu(0).nvml_errors == {"nvmlDeviceGetUUID": error}

@@ -250,7 +250,7 @@ def test_simulated_node_faults_reach_the_tools():
     sim = SimulatedNode(load_profile("h100-sxm-8"),
                         [parse("dcgm-fail@gpu:2,test=memtest"), parse("ib-bw@ib:mlx5_1:1,gbit=100")])
     try:
-        runner = sim.host().runner
+        runner = sim.host().commands
         diag = parse_diag(runner.run(["dcgmi", "diag", "-r", "2", "-j"], timeout=30).stdout)
         assert [(r.test, r.gpu) for r in diag.with_status(DiagStatus.FAIL)] == [("memtest", 2)]
         assert diag.gpus == tuple(range(8))
@@ -320,7 +320,7 @@ def test_output_faults_reach_the_tools_through_the_simulated_node(tmp_path):
                          parse("ib-bw-output@ib:mlx5_0:1,cut=before-rule"),
                          parse("ib-bw@ib:mlx5_0:1,gbit=1e30")])
     try:
-        runner = sim.host().runner
+        runner = sim.host().commands
         out = runner.run(["dcgmi", "diag", "-r", "2", "-j"], timeout=30)
         assert out.returncode == 7 and 5 not in parse_diag(out.stdout).gpus
         client, _, _ = loopback(runner, ["-d", "mlx5_0", "-p", str(free_port()), "-s",

@@ -336,7 +336,7 @@ def test_torch_uuid_text_is_normalised_to_nvml_form():
 @pytest.mark.gpu
 @pytest.mark.skipif(cuda_count() == 0, reason="needs CUDA")
 def test_torch_uuid_equals_nvml_uuid_for_every_index():
-    from gpu_monitor.hw.nvml import NvmlReader
+    from gpu_monitor.hw.nvml_reader import NvmlReader
 
     with NvmlReader() as nvml:
         nvml_uuids = [g.uuid for g in nvml.gpus()]
@@ -349,7 +349,7 @@ def test_torch_uuid_equals_nvml_uuid_for_every_index():
 @pytest.mark.gpu
 @pytest.mark.skipif(cuda_count() == 0, reason="needs CUDA")
 def test_cuda_workers_open_each_device_by_its_nvml_uuid():
-    from gpu_monitor.hw.nvml import NvmlReader
+    from gpu_monitor.hw.nvml_reader import NvmlReader
 
     with NvmlReader() as nvml:
         refs = [DeviceRef(g.index, g.uuid) for g in nvml.gpus()]

@@ -5,13 +5,13 @@ DaemonSet pod while the node goes unmonitored. ``recover`` moves the file and it
 aside under a name that keeps them inspectable with ``sqlite3``, creates a fresh store at the
 path and records the recovery in that fresh store. The metrics collector
 (``gpu_monitor_state_recoveries_total``) and the remediator (one ``StateRecovered`` Event) read
-the record from there. ``gpu-monitor state recover`` (state_cli.py) and the daemon's start
+the record from there. ``gpu-monitor state recover`` (cli.py) and the daemon's start
 (``daemon.recover_corrupt_state``) are the two callers.
 
 Guarantees:
 
 1. **Nothing is deleted.** The damaged file moves together with its ``-wal``, ``-shm`` and
-   ``-journal`` (``Store.quarantine_corrupt``). ``Store.open`` judges an existing file through a
+   ``-journal`` (``move_aside``). ``Store.open`` judges an existing file through a
    read-only connection, so a WAL is never checkpointed into a damaged file before it moves.
 2. **Only damage is recovered.** A sound file is opened as it is. Two kinds of file are
    refused with their own error and left where they are: a file from a newer release
@@ -30,17 +30,13 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from gpu_monitor.clock import Clock
 from gpu_monitor.model import iso, parse_iso
-from gpu_monitor.state import (
-    RECOVER_COMMAND,
-    Store,
-    StoreCorruptError,
-    StoreError,
-)
+from gpu_monitor.state import Store
+from gpu_monitor.state.errors import RECOVER_COMMAND, StoreCorruptError, StoreError
 
 __all__ = [
     "AUTO_RECOVER_MAX_COPIES",
@@ -49,6 +45,7 @@ __all__ = [
     "Recovery",
     "corrupt_copies",
     "mark_announced",
+    "move_aside",
     "record",
     "recover",
     "recoveries",
@@ -120,6 +117,35 @@ def _copy_order(name: str) -> tuple[str, int]:
     return (stem, int(n)) if n.isdigit() else (name, -1)
 
 
+def move_aside(path: str | os.PathLike[str], clock: Clock | None = None) -> str:
+    """Rename a damaged state file aside (with its -wal/-shm/-journal) and return the name.
+
+    The next ``Store.open(path)`` starts empty. The WAL moves too, under a name SQLite
+    pairs with the moved file, so the copy stays inspectable with ``sqlite3``. Nothing is
+    deleted. Run it only while no daemon has the file open.
+    """
+    path = os.fspath(path)
+    if path == ":memory:":
+        raise StoreError("an in-memory store has no file to move aside")
+    if not os.path.lexists(path):
+        raise StoreError(f"state file {path} does not exist: nothing to move aside")
+    stamp = (clock or Clock()).now().astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    target = f"{path}.corrupt-{stamp}"
+    n = 1
+    while any(os.path.lexists(target + s) for s in ("", *_COMPANIONS)):
+        target = f"{path}.corrupt-{stamp}.{n}"
+        n += 1
+    try:
+        os.rename(path, target)
+        for suffix in _COMPANIONS:
+            if os.path.lexists(path + suffix):
+                os.rename(path + suffix, target + suffix)
+    except OSError as exc:
+        raise StoreError(f"cannot move {path} aside to {target}: {exc.strerror}") from exc
+    log.info("state %s moved aside to %s", path, target)
+    return target
+
+
 # --- the record in the store ---------------------------------------------------------------------
 
 
@@ -181,7 +207,7 @@ def recover(path: str | os.PathLike[str], clock: Clock | None = None, *, by: str
             f"`{RECOVER_COMMAND} --state {path}` by hand (or remove old copies)."
         )
     present = [path + s for s in ("", *_COMPANIONS) if os.path.lexists(path + s)]
-    moved_to = Store.quarantine_corrupt(path, clock)
+    moved_to = move_aside(path, clock)
     try:
         store = Store.open(path, clock, busy_timeout_s=busy_timeout_s, integrity=integrity)
     except StoreError as exc:

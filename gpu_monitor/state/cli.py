@@ -3,7 +3,7 @@
 Why: a damaged state file stops the daemon (unless ``daemon.recover_corrupt_state`` lets it
 recover at start), and the error message tells the operator to run ``state recover``. ``check``
 judges the file without changing it; ``recover`` moves a damaged file aside and creates an
-empty store (state_recovery.py). Both take the path from ``--state``, else the config's
+empty store (recovery.py). Both take the path from ``--state``, else the config's
 ``state_path``, else the daemon's default, so that on a node they find the daemon's file.
 
 Exit codes: 0 sound, absent or recovered; 1 damaged (``check`` only: ``recover`` fixes it);
@@ -18,7 +18,13 @@ import json
 import sys
 from typing import Any
 
+from gpu_monitor import logs
+from gpu_monitor.config import ConfigError, load_config
+from gpu_monitor.hw.paths import DEFAULT_STATE_DB
 from gpu_monitor.model import EXIT_USAGE, UsageError
+from gpu_monitor.state.errors import StoreCorruptError, StoreError
+from gpu_monitor.state.files import check_file
+from gpu_monitor.state.recovery import corrupt_copies, recover
 
 EXIT_DAMAGED = 1
 
@@ -61,15 +67,10 @@ def register(sub: Any) -> None:
 
 
 def _path(args: argparse.Namespace) -> str:
-    from gpu_monitor.config import ConfigError, load_config
-    from gpu_monitor.hw.paths import DEFAULT_STATE_DB
-
     try:
         config = load_config(args.config)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
-    from gpu_monitor import logs
-
     logs.setup(config.log_format, config.log_level)
     path = args.state or config.state_path or DEFAULT_STATE_DB
     if path == ":memory:":
@@ -86,8 +87,6 @@ def _emit(args: argparse.Namespace, report: dict[str, Any], text: str, code: int
 
 
 def _copies_note(path: str) -> str:
-    from gpu_monitor.state_recovery import corrupt_copies
-
     copies = corrupt_copies(path)
     if not copies:
         return ""
@@ -95,13 +94,10 @@ def _copies_note(path: str) -> str:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from gpu_monitor.state import Store, StoreCorruptError, StoreError
-    from gpu_monitor.state_recovery import corrupt_copies
-
     path = _path(args)
     report: dict[str, Any] = {"path": path, "copies": corrupt_copies(path)}
     try:
-        version = Store.check_file(path, integrity="full")
+        version = check_file(path, integrity="full")
     except StoreCorruptError as exc:
         report.update(status="damaged" if exc.cause != "access" else "unreadable",
                       cause=exc.cause, detail=exc.detail, message=str(exc))
@@ -120,13 +116,10 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
-    from gpu_monitor.state import Store, StoreCorruptError, StoreError
-    from gpu_monitor.state_recovery import recover
-
     path = _path(args)
     report: dict[str, Any] = {"path": path}
     try:
-        version = Store.check_file(path, integrity="full")
+        version = check_file(path, integrity="full")
     except StoreCorruptError as exc:
         if exc.cause == "access":
             report.update(status="refused", cause=exc.cause, message=str(exc))

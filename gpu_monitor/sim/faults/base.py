@@ -1,0 +1,93 @@
+"""What every fault kind is made of: the parsed :class:`Fault`, its :class:`FaultKind`
+declaration, :class:`InjectError`, and the lookups of a fault's target on the simulated node.
+
+Why it exists apart from ``inject.py``: the domain modules need these to declare their kinds,
+and ``inject.py`` needs the domain modules to list them; the vocabulary sits below both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gpu_monitor.sim.spec import GpuSpec, IbPortSpec, NodeSpec
+
+
+class InjectError(ValueError):
+    """A malformed ``--inject`` spec; the message says what is wrong and what is accepted."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    target: str
+    params: dict[str, str] = field(default_factory=dict)
+    after_s: float = 0.0
+    for_s: float | None = None
+    text: str = ""
+
+    def int(self, key: str, default: int | None = None) -> int:
+        raw = self.params.get(key)
+        if raw is None:
+            if default is None:
+                raise InjectError(f"{self.text}: missing {key}=N")
+            return default
+        try:
+            return int(raw, 0)
+        except ValueError:
+            raise InjectError(f"{self.text}: {key}={raw!r} is not an integer") from None
+
+    def float(self, key: str, default: float | None = None) -> float:
+        raw = self.params.get(key)
+        if raw is None:
+            if default is None:
+                raise InjectError(f"{self.text}: missing {key}=X")
+            return default
+        try:
+            return float(raw)
+        except ValueError:
+            raise InjectError(f"{self.text}: {key}={raw!r} is not a number") from None
+
+    def choice(self, key: str, choices: tuple[str, ...], default: str | None = None) -> str:
+        raw = self.params.get(key, default)
+        if raw is None:
+            raise InjectError(f"{self.text}: missing {key}= (one of {', '.join(choices)})")
+        if raw not in choices:
+            raise InjectError(f"{self.text}: {key}={raw!r}: expected one of {', '.join(choices)}")
+        return raw
+
+    @property
+    def gpu_index(self) -> int:
+        return int(self.target.split(":")[1])
+
+    @property
+    def ib(self) -> tuple[str, int]:
+        _, dev, port = self.target.split(":")
+        return dev, int(port)
+
+
+@dataclass(frozen=True)
+class FaultKind:
+    name: str
+    target: str  # "gpu", "ib", "nvswitch", "node", "gpu or node"
+    params: tuple[str, ...]
+    summary: str
+    apply: Callable[[NodeSpec, Fault], None]
+    revert: Callable[[NodeSpec, Fault], None] | None = None
+    timed: bool = False  # may use after=/for=
+    example: str = ""
+
+
+def fault_gpu(spec: NodeSpec, f: Fault) -> GpuSpec:
+    try:
+        return spec.gpu(f.gpu_index)
+    except KeyError as exc:
+        raise InjectError(f"{f.text}: {exc.args[0]}") from None
+
+
+def fault_port(spec: NodeSpec, f: Fault) -> IbPortSpec:
+    dev, port = f.ib
+    try:
+        return spec.ib_port(dev, port)
+    except KeyError as exc:
+        raise InjectError(f"{f.text}: {exc.args[0]}") from None
