@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from cuda_helpers import cuda_count
 
 from checks.burn_in import (
     BurnIn,
@@ -24,6 +23,7 @@ from gpu_monitor.runner import run_check
 from gpu_monitor.sim.inject import parse
 from gpu_monitor.sim.node import SimulatedNode
 from gpu_monitor.workers.pool import TEST_FAULT_ENV
+from tests.checks.cuda_helpers import cuda_count
 
 
 def run_sim(count: int, faults=(), checks=None, env=None, nvml_wrapper=None):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 
 import pytest
-from cuda_helpers import cuda_count
 
 from checks.nccl_allreduce import (
     Limits,
@@ -25,6 +24,7 @@ from gpu_monitor.runner import run_check
 from gpu_monitor.sim.inject import parse
 from gpu_monitor.sim.node import SimulatedNode
 from gpu_monitor.workers.pool import TEST_FAULT_ENV
+from tests.checks.cuda_helpers import cuda_count
 
 SMALL_SWEEP = {"sweep_max_bytes": 32768}  # 8 B .. 32 KiB: fast on 2 cores
 

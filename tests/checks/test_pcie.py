@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from cuda_helpers import claim_cuda_torch, cuda_count
 
 import checks.pcie as pcie_check
 from checks.pcie import Pcie
@@ -17,6 +16,7 @@ from gpu_monitor.sim.inject import parse
 from gpu_monitor.sim.node import SimulatedNode
 from gpu_monitor.state import Store
 from gpu_monitor.workers.pool import DeviceRef, Outcome, Task, WorkerPool
+from tests.checks.cuda_helpers import claim_cuda_torch, cuda_count
 
 NICS = [f"pcie:0000:{b:02x}:00.0" for b in (0x4F, 0x60, 0x71, 0x82, 0x93, 0xA4, 0xB5, 0xC6)]
 

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-from cuda_helpers import cuda_count
 
 from checks.sdc_probe import SdcProbe
 from gpu_monitor.check import Context
@@ -29,6 +28,7 @@ from gpu_monitor.sim.inject import parse
 from gpu_monitor.sim.node import SimulatedNode
 from gpu_monitor.sim.worker import SDC_FACTOR, Seam, sdc_forward_hook
 from gpu_monitor.workers.pool import TEST_FAULT_ENV
+from tests.checks.cuda_helpers import cuda_count
 from tests.conftest import REPO
 
 SETTINGS = {"seed": 1234, "batch_size": 8, "hidden_size": 64, "layers": 2}

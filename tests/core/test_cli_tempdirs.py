@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from gpu_monitor.cli import main
+from tests.conftest import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 SIM = ("--simulate", "h100-sxm-8")
 QUIET = ("--log-level", "error")
 

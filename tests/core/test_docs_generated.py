@@ -1,12 +1,11 @@
 """docs/checks.md and docs/metrics.md are generated from the code; they must not drift."""
 
-from pathlib import Path
-
 import pytest
 
 from gpu_monitor import docs_gen
+from tests.conftest import REPO
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+DOCS = REPO / "docs"
 
 
 @pytest.mark.parametrize("name", sorted(docs_gen.TARGETS))
@@ -19,7 +18,7 @@ def test_generated_doc_is_current(name):
 def test_every_exported_metric_is_documented():
     from gpu_monitor.metrics import METRICS
 
-    golden = (Path(__file__).resolve().parents[1] / "golden" / "h100_faulty.prom").read_text()
+    golden = (REPO / "tests" / "golden" / "h100_faulty.prom").read_text()
     exported = {line.split()[2] for line in golden.splitlines() if line.startswith("# TYPE")}
     documented = {m.name for m in METRICS}
     assert exported <= documented, f"undocumented: {exported - documented}"

@@ -19,15 +19,11 @@ from pathlib import Path
 
 import pytest
 
-_KUBE = str(Path(__file__).resolve().parents[1] / "kube")
-if _KUBE not in sys.path:
-    sys.path.insert(0, _KUBE)
-
-from fake_apiserver import FakeApiServer  # noqa: E402
-
-from gpu_monitor.state import RECOVER_COMMAND  # noqa: E402
-from gpu_monitor.state_recovery import corrupt_copies  # noqa: E402
-from tests.state_damage import (  # noqa: E402
+from gpu_monitor.state import RECOVER_COMMAND
+from gpu_monitor.state_recovery import corrupt_copies
+from tests.conftest import REPO
+from tests.kube.fake_apiserver import FakeApiServer
+from tests.state_damage import (
     assert_untouched,
     make_malformed_page_with_live_wal,
     make_newer_version,
@@ -35,7 +31,6 @@ from tests.state_damage import (  # noqa: E402
 )
 
 NODE = "gpu-node-1"
-REPO = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:

@@ -27,8 +27,9 @@ from gpu_monitor.registry import all_check_classes, select
 from gpu_monitor.sim.inject import parse
 from gpu_monitor.sim.node import SimulatedNode
 from gpu_monitor.state import Store
+from tests.conftest import REPO
 
-GOLDEN = Path(__file__).resolve().parent.parent / "golden"
+GOLDEN = REPO / "tests" / "golden"
 
 SCENARIOS = {
     "h100_healthy": ("h100-sxm-8", []),

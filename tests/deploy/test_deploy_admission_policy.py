@@ -13,7 +13,8 @@ import copy
 from typing import Any
 
 import pytest
-from deploy_helpers import (
+
+from tests.deploy.deploy_helpers import (
     NAMESPACE,
     SERVICE_ACCOUNT,
     component_objects,

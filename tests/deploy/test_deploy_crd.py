@@ -10,9 +10,9 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 import pytest
-from deploy_helpers import base_objects, find
 
 from gpu_monitor.remediate import reports
+from tests.deploy.deploy_helpers import base_objects, find
 
 
 def _crd():

@@ -12,7 +12,9 @@ import os
 import posixpath
 
 import pytest
-from deploy_helpers import (
+
+from gpu_monitor.hw import paths as hostpaths
+from tests.deploy.deploy_helpers import (
     DEPLOY,
     base_objects,
     daemon_container,
@@ -21,8 +23,6 @@ from deploy_helpers import (
     overlay,
     render,
 )
-
-from gpu_monitor.hw import paths as hostpaths
 
 #: flag -> the host path its default spells (HostPaths' defaults).
 PATH_FLAGS = {

@@ -15,7 +15,8 @@ import subprocess
 
 import pytest
 import yaml
-from deploy_helpers import (
+
+from tests.deploy.deploy_helpers import (
     DEPLOY,
     find,
     golden_metric_names,

@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from deploy_helpers import DOCS, REPO
+
+from tests.deploy.deploy_helpers import DOCS, REPO
 
 OPERATOR_DOCS = ("architecture.md", "install.md", "runbook.md", "coexistence.md",
                  "manual-checks.md")

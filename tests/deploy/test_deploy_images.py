@@ -16,7 +16,8 @@ import shlex
 from dataclasses import dataclass, field
 
 import pytest
-from deploy_helpers import REPO
+
+from tests.deploy.deploy_helpers import REPO
 
 IMAGES = {"Dockerfile": "active", "Dockerfile.passive": "passive"}
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from deploy_helpers import (
+
+from tests.deploy.deploy_helpers import (
     COMPONENTS,
     DEPLOY,
     KUSTOMIZATION_NAMES,

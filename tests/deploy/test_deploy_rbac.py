@@ -10,7 +10,8 @@ by name; no rule uses a wildcard.
 from __future__ import annotations
 
 import pytest
-from deploy_helpers import (
+
+from tests.deploy.deploy_helpers import (
     NAMESPACE,
     SERVICE_ACCOUNT,
     base_objects,

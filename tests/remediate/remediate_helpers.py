@@ -6,18 +6,13 @@ HTTP on 127.0.0.1; these helpers only seed it and build the pieces under test ar
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-_KUBE = str(Path(__file__).resolve().parent.parent / "kube")
-if _KUBE not in sys.path:
-    sys.path.insert(0, _KUBE)
-
-import fake_apiserver_http  # noqa: E402
-from fake_apiserver import FakeApiServer  # noqa: E402
+from tests.kube import fake_apiserver_http
+from tests.kube.fake_apiserver import FakeApiServer
 
 # The fake answers in two writes (headers, then body) on a socket with Nagle's algorithm on, so
 # with the client's delayed ACK every keep-alive request waits ~40 ms. The real apiserver (Go's

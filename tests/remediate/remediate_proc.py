@@ -12,14 +12,11 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from remediate_helpers import NAMESPACE, config, host_paths, xid  # noqa: E402
-
-from gpu_monitor.clock import Clock  # noqa: E402
-from gpu_monitor.remediate.drain import DrainPolicy  # noqa: E402
-from gpu_monitor.remediate.lifecycle import Remediator  # noqa: E402
-from gpu_monitor.state import Store  # noqa: E402
+from gpu_monitor.clock import Clock
+from gpu_monitor.remediate.drain import DrainPolicy
+from gpu_monitor.remediate.lifecycle import Remediator
+from gpu_monitor.state import Store
+from tests.remediate.remediate_helpers import NAMESPACE, config, host_paths, xid
 
 
 def main() -> int:

@@ -12,7 +12,11 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from remediate_helpers import (
+
+from gpu_monitor.clock import FakeClock
+from gpu_monitor.model import parse_iso
+from gpu_monitor.remediate.kube import ANNOTATIONS, NodeClient
+from tests.remediate.remediate_helpers import (
     FakeApiServer,
     config,
     event_reasons,
@@ -26,10 +30,6 @@ from remediate_helpers import (
     writes_to,
     xid,
 )
-
-from gpu_monitor.clock import FakeClock
-from gpu_monitor.model import parse_iso
-from gpu_monitor.remediate.kube import ANNOTATIONS, NodeClient
 
 NODE = "gpu-node-1"
 NODE_PATH = f"/api/v1/nodes/{NODE}"

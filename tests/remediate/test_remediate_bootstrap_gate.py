@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import sys
 from datetime import datetime, timezone
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kube"))
-
-from fake_apiserver import FakeApiServer  # noqa: E402
-
-from gpu_monitor.clock import FakeClock  # noqa: E402
-from gpu_monitor.model import Report, Result, Status  # noqa: E402
-from gpu_monitor.remediate.bootstrap_gate import BOOTSTRAP_TAINT, CONDITION, BootstrapGate  # noqa: E402
-from gpu_monitor.remediate.kube import Kube, NodeClient  # noqa: E402
-from gpu_monitor.state import Store  # noqa: E402
+from gpu_monitor.clock import FakeClock
+from gpu_monitor.model import Report, Result, Status
+from gpu_monitor.remediate.bootstrap_gate import BOOTSTRAP_TAINT, CONDITION, BootstrapGate
+from gpu_monitor.remediate.kube import Kube, NodeClient
+from gpu_monitor.state import Store
+from tests.kube.fake_apiserver import FakeApiServer
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 

@@ -8,7 +8,12 @@ import threading
 from datetime import timedelta
 
 import pytest
-from remediate_helpers import (
+
+from gpu_monitor.clock import Clock, FakeClock
+from gpu_monitor.model import iso
+from gpu_monitor.remediate.breaker import Breaker, BreakerSettings, budget_for
+from gpu_monitor.state import Store
+from tests.remediate.remediate_helpers import (
     BREAKER,
     NAMESPACE,
     FakeApiServer,
@@ -20,11 +25,6 @@ from remediate_helpers import (
     seed_breaker,
     xid,
 )
-
-from gpu_monitor.clock import Clock, FakeClock
-from gpu_monitor.model import iso
-from gpu_monitor.remediate.breaker import Breaker, BreakerSettings, budget_for
-from gpu_monitor.state import Store
 
 BUDGETS = [
     # (id, gpu nodes, fraction, cap, budget)

@@ -6,10 +6,17 @@ import argparse
 import json
 
 import pytest
-from remediate_helpers import FakeApiServer, breaker_data, kube_for, remediator, seed_breaker, xid
 
 from gpu_monitor.remediate.cli import register
 from gpu_monitor.remediate.kube import ANNOTATIONS
+from tests.remediate.remediate_helpers import (
+    FakeApiServer,
+    breaker_data,
+    kube_for,
+    remediator,
+    seed_breaker,
+    xid,
+)
 
 NODE = "gpu-node-1"
 

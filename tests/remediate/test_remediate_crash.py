@@ -13,7 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
-from remediate_helpers import (
+
+from gpu_monitor.remediate.kube import ANNOTATIONS, LABEL_STATE
+from gpu_monitor.state import Store
+from tests.conftest import REPO
+from tests.remediate.remediate_helpers import (
     TAINT_KEY,
     FakeApiServer,
     breaker_data,
@@ -21,13 +25,10 @@ from remediate_helpers import (
     our_taints,
     seed_breaker,
 )
-
-from gpu_monitor.remediate.kube import ANNOTATIONS, LABEL_STATE
-from gpu_monitor.state import Store
 from tests.waiting import eventually
 
 NODE = "gpu-node-1"
-PROC = Path(__file__).resolve().parent / "remediate_proc.py"
+PROC = "tests.remediate.remediate_proc"  # run with -m from the repository root
 TRIALS = 12
 
 
@@ -43,8 +44,8 @@ def seed(fake: FakeApiServer) -> None:
 
 
 def start(fake: FakeApiServer, tmp: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    return subprocess.Popen([sys.executable, str(PROC), "--url", fake.url, "--node", NODE,
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(REPO)}
+    return subprocess.Popen([sys.executable, "-m", PROC, "--url", fake.url, "--node", NODE,
                              "--state", str(tmp / "state.db"), "--root", str(tmp)],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
 

@@ -7,10 +7,10 @@ import time
 from dataclasses import replace
 
 import pytest
-from remediate_helpers import FAST_DRAIN, FakeApiServer, kube_for
 
 from gpu_monitor.clock import Clock
 from gpu_monitor.remediate.drain import DrainPolicy, drain_node, requests_gpu, select_pods
+from tests.remediate.remediate_helpers import FAST_DRAIN, FakeApiServer, kube_for
 
 NODE = "gpu-node-1"
 ALL_PODS = replace(FAST_DRAIN, gpu_pods_only=False)

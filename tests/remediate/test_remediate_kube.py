@@ -11,7 +11,17 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from remediate_helpers import (
+
+from gpu_monitor.clock import FakeClock
+from gpu_monitor.remediate.kube import (
+    RBAC_RULES,
+    KubeError,
+    KubeUnavailable,
+    NodeClient,
+    RateLimiter,
+)
+from gpu_monitor.remediate.reports import report_object
+from tests.remediate.remediate_helpers import (
     TAINT_KEY,
     FakeApiServer,
     Resets,
@@ -24,16 +34,6 @@ from remediate_helpers import (
     set_boot_id,
     xid,
 )
-
-from gpu_monitor.clock import FakeClock
-from gpu_monitor.remediate.kube import (
-    RBAC_RULES,
-    KubeError,
-    KubeUnavailable,
-    NodeClient,
-    RateLimiter,
-)
-from gpu_monitor.remediate.reports import report_object
 from tests.waiting import eventually
 
 NODE = "gpu-node-1"

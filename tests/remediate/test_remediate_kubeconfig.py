@@ -16,7 +16,13 @@ import time
 
 import pytest
 import yaml
-from remediate_helpers import FakeApiServer, our_conditions, our_taints, seed_breaker
+
+from tests.remediate.remediate_helpers import (
+    FakeApiServer,
+    our_conditions,
+    our_taints,
+    seed_breaker,
+)
 
 NODE = "gpu-node-1"
 

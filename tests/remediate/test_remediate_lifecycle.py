@@ -8,7 +8,11 @@ import time
 from dataclasses import replace
 
 import pytest
-from remediate_helpers import (
+
+from gpu_monitor.clock import FakeClock
+from gpu_monitor.model import Result, Status
+from gpu_monitor.remediate.kube import ANNOTATIONS, LABEL_REPLACE, LABEL_STATE
+from tests.remediate.remediate_helpers import (
     FAST_DRAIN,
     TAINT_KEY,
     FakeApiServer,
@@ -28,10 +32,6 @@ from remediate_helpers import (
     writes_to,
     xid,
 )
-
-from gpu_monitor.clock import FakeClock
-from gpu_monitor.model import Result, Status
-from gpu_monitor.remediate.kube import ANNOTATIONS, LABEL_REPLACE, LABEL_STATE
 
 NODE = "gpu-node-1"
 NODE_PATH = f"/api/v1/nodes/{NODE}"

@@ -6,15 +6,6 @@ import json
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from remediate_helpers import (
-    FakeApiServer,
-    Resets,
-    kube_for,
-    our_conditions,
-    remediator,
-    seed_breaker,
-    writes_to,
-)
 
 from gpu_monitor.clock import FakeClock
 from gpu_monitor.model import Action, Status
@@ -28,6 +19,15 @@ from gpu_monitor.remediate.reports import (
     report_object,
 )
 from gpu_monitor.state import Store
+from tests.remediate.remediate_helpers import (
+    FakeApiServer,
+    Resets,
+    kube_for,
+    our_conditions,
+    remediator,
+    seed_breaker,
+    writes_to,
+)
 
 NODE = "gpu-node-1"
 OTHER = "gpu-node-2"

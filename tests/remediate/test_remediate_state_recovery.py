@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from remediate_helpers import (
+
+from gpu_monitor.clock import FakeClock
+from gpu_monitor.state import Store
+from gpu_monitor.state_recovery import recover, recoveries
+from tests.remediate.remediate_helpers import (
     FakeApiServer,
     JumpClock,
     config,
@@ -11,10 +15,6 @@ from remediate_helpers import (
     remediator,
     seed_breaker,
 )
-
-from gpu_monitor.clock import FakeClock
-from gpu_monitor.state import Store
-from gpu_monitor.state_recovery import recover, recoveries
 from tests.state_damage import make_garbage
 
 NODE = "gpu-node-1"

@@ -8,11 +8,11 @@ alone would leave the others waiting in a collective.
 from __future__ import annotations
 
 import pytest
-import sdc_harness as H
 import torch
 from torch import nn
 
 from gpu_monitor.sdc import Schedule, attach, train
+from tests.sdc import sdc_harness as H
 
 pytestmark = pytest.mark.timeout(600)
 

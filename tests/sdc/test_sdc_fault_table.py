@@ -15,7 +15,8 @@ from __future__ import annotations
 import json
 
 import pytest
-import sdc_harness as H
+
+from tests.sdc import sdc_harness as H
 
 pytestmark = pytest.mark.timeout(600)
 

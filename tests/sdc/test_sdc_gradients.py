@@ -9,7 +9,8 @@ within rounding otherwise, with and without clipping, with audits and weight che
 from __future__ import annotations
 
 import pytest
-import sdc_harness as H
+
+from tests.sdc import sdc_harness as H
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -9,7 +9,8 @@ chunking or on the thread) would show up as a false alarm.
 from __future__ import annotations
 
 import pytest
-import sdc_harness as H
+
+from tests.sdc import sdc_harness as H
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
