@@ -2,7 +2,7 @@
 
 Non-determinism is removed by injecting the clock (a FakeClock: fixed timestamps, zero
 durations) and a fixed node name (the simulated UUIDs derive from it), never by masking values.
-Rewrite the files with ``python -m pytest tests/daemon/test_golden_metrics.py --update-golden``
+Rewrite the files with ``python -m pytest tests/test_metrics_golden.py --update-golden``
 and review the diff: it shows every metric change.
 """
 
