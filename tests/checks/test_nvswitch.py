@@ -9,30 +9,24 @@ from collections import Counter
 import pytest
 
 from checks.nvswitch import NvSwitch
-from gpu_monitor.check import Context
-from gpu_monitor.config import DEFAULT_CONFIG
 from gpu_monitor.hw.kmsg import iter_file, parse_text_line
 from gpu_monitor.model import Action, Status
 from gpu_monitor.profiles import load_profile
 from gpu_monitor.sim.inject import parse as fault
-from gpu_monitor.sim.node import SimulatedNode
 from gpu_monitor.sim.spec import FABRIC_STATE_IN_PROGRESS
-from gpu_monitor.state import Store
+from tests.checks.rig import CheckRig, by_target
 from tests.hw.kmsg_shapes import PATH_SHAPES, deny_open, make_log_path, unreadable_needs_faking
 
 H100 = load_profile("h100-sxm-8")
 CPU_ONLY = load_profile("cpu-only")
 
 
-class Sim:
-    """The simulated HGX node: NVSwitches at 0000:05..08:00.0 in sysfs, FakeNvml fabric state."""
+class Sim(CheckRig):
+    """The simulated HGX node: NVSwitches at 0000:05..08:00.0 in sysfs, FakeNvml fabric state,
+    and the Fabric Manager process; one-shot contexts (the tests call the entry points)."""
 
     def __init__(self, clock, faults=(), profile=H100, fabric_manager=True):
-        self.node = SimulatedNode(profile, list(faults))
-        self.host = self.node.host()
-        self.clock = clock
-        self.store = Store.open(":memory:", clock)
-        self.profile = profile
+        super().__init__(None, *faults, profile=profile, clock=clock, one_shot=True)
         if not fabric_manager:
             self.stop_fabric_manager()
 
@@ -40,28 +34,20 @@ class Sim:
         # The simulated node renders proc/<pid>/comm as the kernel does: cut to 15
         # characters, so "nv-fabricmanager" reads "nv-fabricmanage".
         self.node.spec.fabric_manager_running = True
-        self.node.advance(0.0)
+        self.sync()
 
     def stop_fabric_manager(self) -> None:
         self.node.spec.fabric_manager_running = False
-        self.node.advance(0.0)
+        self.sync()
 
     def reboot(self, boot: str = "boot-b") -> None:
         self.node.spec.boot_id = boot
-        self.node.advance(0.0)  # re-renders procfs (and drops processes it does not know)
+        self.sync()  # re-renders procfs (and drops processes it does not know)
         self.start_fabric_manager()
 
     def set_uptime(self, seconds: float) -> None:
-        self.node.spec.uptime_s = seconds
-        self.node.advance(0.0)
+        super().set_uptime(seconds)
         self.start_fabric_manager()
-
-    def ctx(self) -> Context:
-        return Context(host=self.host, profile=self.profile, config=DEFAULT_CONFIG,
-                       clock=self.clock, store=self.store)
-
-    def close(self) -> None:
-        self.host.close()
 
 
 @pytest.fixture
@@ -74,9 +60,6 @@ def sim(fake_clock):
 def rec(line: str, n: int = 1):
     return parse_text_line(line, line_no=n)
 
-
-def by_target(results):
-    return {r.target: r for r in results}
 
 
 # --- SXid lines ----------------------------------------------------------------------------
