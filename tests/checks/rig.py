@@ -209,7 +209,7 @@ def not_ok(res: Results) -> dict[str, tuple[Status, str]]:
     return {t: (r.status, r.reason) for t, r in res.items() if r.status is not Status.OK}
 
 
-def run(check: Check, ctx: Context, succeed: bool = True) -> Results:
+def run_once(check: Check, ctx: Context, succeed: bool = True) -> Results:
     """``check`` through the runner (requirement gate, timeout, crash capture), as
     ``gpu-monitor check`` runs it: one result per target."""
     outcome = run_check(check, ctx)
