@@ -27,6 +27,7 @@ from gpu_monitor.remediate.drain import DrainPolicy  # noqa: E402
 from gpu_monitor.remediate.lifecycle import Remediator, ResetOutcome  # noqa: E402
 from gpu_monitor.state import Store  # noqa: E402
 
+NODE = "gpu-node-1"  # the node the daemon under test runs on
 NAMESPACE = "gpu-monitor"
 BREAKER = "gpu-monitor-breaker"
 TAINT_KEY = "gpu-monitor.io/unhealthy"
@@ -106,7 +107,7 @@ class Resets:
         return ResetOutcome(True, "reset", done)
 
 
-def remediator(fake: FakeApiServer, root: Path, node: str = "gpu-node-1", *, store=None,
+def remediator(fake: FakeApiServer, root: Path, node: str = NODE, *, store=None,
                cfg=None, clock: Clock | None = None, drain: DrainPolicy = FAST_DRAIN,
                holders=None, resets: Resets | None = None, retest=None, **kw: Any) -> Remediator:
     clock = clock or Clock()

@@ -44,15 +44,8 @@ def test_budget_is_the_fraction_rounded_up_then_capped(n, fraction, cap, want):
 
 
 @pytest.fixture
-def fake():
-    server = FakeApiServer().start()
-    for i in range(10):
-        server.add_node(f"gpu-{i}", gpus=8)
-    seed_breaker(server)
-    try:
-        yield server
-    finally:
-        server.stop()
+def fake(cluster):
+    return cluster(*(f"gpu-{i}" for i in range(10)))
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import pytest
 from gpu_monitor.remediate.cli import register
 from gpu_monitor.remediate.kube import ANNOTATIONS
 from tests.remediate.remediate_helpers import (
+    NODE,
     FakeApiServer,
     breaker_data,
     kube_for,
@@ -18,20 +19,10 @@ from tests.remediate.remediate_helpers import (
     xid,
 )
 
-NODE = "gpu-node-1"
-
 
 @pytest.fixture
-def fake():
-    server = FakeApiServer().start()
-    for i in range(20):
-        server.add_node(f"gpu-{i}", gpus=8)
-    server.add_node(NODE, gpus=8)
-    seed_breaker(server)
-    try:
-        yield server
-    finally:
-        server.stop()
+def fake(cluster):
+    return cluster(*(f"gpu-{i}" for i in range(20)), NODE)
 
 
 def run(fake, *argv):

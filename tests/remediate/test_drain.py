@@ -10,9 +10,8 @@ import pytest
 
 from gpu_monitor.clock import Clock
 from gpu_monitor.remediate.drain import DrainPolicy, drain_node, requests_gpu, select_pods
-from tests.remediate.remediate_helpers import FAST_DRAIN, FakeApiServer, kube_for
+from tests.remediate.remediate_helpers import FAST_DRAIN, NODE, kube_for
 
-NODE = "gpu-node-1"
 ALL_PODS = replace(FAST_DRAIN, gpu_pods_only=False)
 
 
@@ -73,13 +72,8 @@ def test_requests_gpu_ignores_zero_quantities():
 
 
 @pytest.fixture
-def fake():
-    server = FakeApiServer().start()
-    server.add_node(NODE, gpus=8)
-    try:
-        yield server
-    finally:
-        server.stop()
+def fake(cluster):
+    return cluster(NODE, breaker=False)
 
 
 def run(fake, policy=ALL_PODS, **kw):

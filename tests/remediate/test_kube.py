@@ -22,8 +22,8 @@ from gpu_monitor.remediate.kube import (
 )
 from gpu_monitor.remediate.reports import report_object
 from tests.remediate.remediate_helpers import (
+    NODE,
     TAINT_KEY,
-    FakeApiServer,
     Resets,
     kube_for,
     our_conditions,
@@ -36,7 +36,6 @@ from tests.remediate.remediate_helpers import (
 )
 from tests.waiting import eventually
 
-NODE = "gpu-node-1"
 T0 = datetime(2026, 3, 1, tzinfo=timezone.utc)
 
 
@@ -49,13 +48,8 @@ class Want:
 
 
 @pytest.fixture
-def fake():
-    server = FakeApiServer().start()
-    server.add_node(NODE, gpus=8)
-    try:
-        yield server
-    finally:
-        server.stop()
+def fake(cluster):
+    return cluster(NODE, breaker=False)
 
 
 @pytest.fixture

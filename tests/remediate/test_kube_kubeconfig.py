@@ -18,13 +18,12 @@ import pytest
 import yaml
 
 from tests.remediate.remediate_helpers import (
+    NODE,
     FakeApiServer,
     our_conditions,
     our_taints,
     seed_breaker,
 )
-
-NODE = "gpu-node-1"
 
 
 def kubeconfig(server: FakeApiServer) -> dict:

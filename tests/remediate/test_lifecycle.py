@@ -14,8 +14,8 @@ from gpu_monitor.model import Result, Status
 from gpu_monitor.remediate.kube import ANNOTATIONS, LABEL_REPLACE, LABEL_STATE
 from tests.remediate.remediate_helpers import (
     FAST_DRAIN,
+    NODE,
     TAINT_KEY,
-    FakeApiServer,
     JumpClock,
     Resets,
     breaker_data,
@@ -33,19 +33,7 @@ from tests.remediate.remediate_helpers import (
     xid,
 )
 
-NODE = "gpu-node-1"
 NODE_PATH = f"/api/v1/nodes/{NODE}"
-
-
-@pytest.fixture
-def fake():
-    server = FakeApiServer().start()
-    server.add_node(NODE, gpus=8)
-    seed_breaker(server)
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def gpu_job(fake, name="train-0", ns="train", grace=1, stop_after=0.2, **kw):

@@ -11,13 +11,11 @@ import logging
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
-import pytest
-
 from gpu_monitor.clock import FakeClock
 from gpu_monitor.model import parse_iso
 from gpu_monitor.remediate.kube import ANNOTATIONS, NodeClient
 from tests.remediate.remediate_helpers import (
-    FakeApiServer,
+    NODE,
     config,
     event_reasons,
     events_for,
@@ -26,27 +24,14 @@ from tests.remediate.remediate_helpers import (
     our_taints,
     patch_as_human,
     remediator,
-    seed_breaker,
     writes_to,
     xid,
 )
 
-NODE = "gpu-node-1"
 NODE_PATH = f"/api/v1/nodes/{NODE}"
 EVENTS_PATH = "/api/v1/namespaces/default/events"
 SMP = "application/strategic-merge-patch+json"
 T0 = datetime(2026, 4, 1, tzinfo=timezone.utc)
-
-
-@pytest.fixture
-def fake():
-    server = FakeApiServer().start()
-    server.add_node(NODE, gpus=8)
-    seed_breaker(server)
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def ann(fake):

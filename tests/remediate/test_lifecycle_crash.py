@@ -18,6 +18,7 @@ from gpu_monitor.remediate.kube import ANNOTATIONS, LABEL_STATE
 from gpu_monitor.state import Store
 from tests.conftest import REPO
 from tests.remediate.remediate_helpers import (
+    NODE,
     TAINT_KEY,
     FakeApiServer,
     breaker_data,
@@ -27,7 +28,6 @@ from tests.remediate.remediate_helpers import (
 )
 from tests.waiting import eventually
 
-NODE = "gpu-node-1"
 PROC = "tests.remediate.remediate_proc"  # run with -m from the repository root
 TRIALS = 12
 

@@ -8,27 +8,13 @@ from gpu_monitor.clock import FakeClock
 from gpu_monitor.state import Store
 from gpu_monitor.state_recovery import recover, recoveries
 from tests.remediate.remediate_helpers import (
-    FakeApiServer,
+    NODE,
     JumpClock,
     config,
     events_for,
     remediator,
-    seed_breaker,
 )
 from tests.state_damage import make_garbage
-
-NODE = "gpu-node-1"
-
-
-@pytest.fixture
-def fake():
-    server = FakeApiServer().start()
-    server.add_node(NODE, gpus=8)
-    seed_breaker(server)
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def recovered_store(tmp_path):

@@ -20,31 +20,23 @@ from gpu_monitor.remediate.reports import (
 )
 from gpu_monitor.state import Store
 from tests.remediate.remediate_helpers import (
+    NODE,
     FakeApiServer,
     Resets,
     kube_for,
     our_conditions,
     remediator,
-    seed_breaker,
     writes_to,
 )
 
-NODE = "gpu-node-1"
 OTHER = "gpu-node-2"
 NS = "gpu-monitor"
 T0 = datetime(2026, 5, 1, 12, 0, tzinfo=timezone.utc)
 
 
 @pytest.fixture
-def fake():
-    server = FakeApiServer().start()
-    server.add_node(NODE, gpus=8)
-    server.add_node(OTHER, gpus=8)
-    seed_breaker(server)
-    try:
-        yield server
-    finally:
-        server.stop()
+def fake(cluster):
+    return cluster(NODE, OTHER)
 
 
 def create(fake, node, reason="SdcAlarm", labelled=None, at=None):
