@@ -190,6 +190,13 @@ class CheckRig:
         return {r.target: r for r in type(self.check)().run(self.ctx(one_shot=True))}
 
 
+# The NVML errors that leave a per-GPU read undecided (unknown NvmlReadError) in every check
+# that reads the GPU: (error name, status, reason), rows of a test's parameter table.
+NVML_READ_ERRORS = [(error, Status.UNKNOWN, "NvmlReadError") for error in (
+    "Unknown", "NoPermission", "Timeout", "InvalidArgument", "Uninitialized", "DriverNotLoaded",
+    "InsufficientResources")]
+
+
 # --- reading results ---------------------------------------------------------------------------
 
 
@@ -218,16 +225,16 @@ def run_once(check: Check, ctx: Context, succeed: bool = True) -> Results:
     return one_per_target(outcome.results)
 
 
-def run_simulated(check: Check, count: int = 8, faults: Iterable[str] = (),
+def simulated_rig(check: Check, count: int = 8, faults: Iterable[str] = (),
                   settings: Mapping | None = None, env: Mapping[str, str] | None = None,
                   nvml_wrapper: Callable | None = None,
-                  spec_edit: Callable | None = None) -> Results:
-    """An active check run once on a simulated H100 node with ``count`` devices (CPU workers),
-    with ``settings`` as its config section; results by target.
+                  spec_edit: Callable | None = None) -> CheckRig:
+    """A one-shot rig for an active check: a simulated H100 node with ``count`` devices (CPU
+    workers), ``settings`` as the check's config section, real time (the workers' deadlines
+    are real) and no store. The caller closes it.
 
     ``env`` goes to the workers (the test-fault seams), ``nvml_wrapper`` wraps the host's NVML
-    reader, ``spec_edit`` changes the simulated hardware before the run. Real time: the
-    workers' deadlines are real."""
+    reader, ``spec_edit`` changes the simulated hardware before the run."""
     rig = CheckRig(check, *faults, overrides={"gpu": {"count": count}},
                    config=parse_config({"checks": {check.name: dict(settings or {})}}),
                    clock=Clock(), store=False, one_shot=True)
@@ -237,6 +244,16 @@ def run_simulated(check: Check, count: int = 8, faults: Iterable[str] = (),
         rig.host.worker.env.update(env or {})
         if nvml_wrapper is not None:
             rig.host.nvml = nvml_wrapper(rig.host.nvml)
+    except BaseException:
+        rig.close()
+        raise
+    return rig
+
+
+def run_simulated(check: Check, count: int = 8, faults: Iterable[str] = (), **kw: Any) -> Results:
+    """``check`` run once through the runner on a ``simulated_rig``; results by target."""
+    rig = simulated_rig(check, count, faults, **kw)
+    try:
         outcome = run_check(check, rig.ctx())
     finally:
         rig.close()

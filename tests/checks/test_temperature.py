@@ -12,6 +12,7 @@ from gpu_monitor.hw.nvml import NvmlReader
 from gpu_monitor.model import Status
 from gpu_monitor.runner import run_check
 from gpu_monitor.sim.fake_nvml import FakeNvml
+from tests.checks.rig import NVML_READ_ERRORS
 
 
 @pytest.fixture
@@ -241,13 +242,7 @@ def test_real_temperatures_are_healthy(rig, fixtures_dir, fixture, memory_suppor
     ("GpuIsLost", Status.UNKNOWN, "GpuLost"),
     ("NotSupported", Status.SKIPPED, "NotSupported"),
     ("FunctionNotFound", Status.SKIPPED, "NotSupported"),
-    ("Unknown", Status.UNKNOWN, "NvmlReadError"),
-    ("NoPermission", Status.UNKNOWN, "NvmlReadError"),
-    ("Timeout", Status.UNKNOWN, "NvmlReadError"),
-    ("InvalidArgument", Status.UNKNOWN, "NvmlReadError"),
-    ("Uninitialized", Status.UNKNOWN, "NvmlReadError"),
-    ("DriverNotLoaded", Status.UNKNOWN, "NvmlReadError"),
-    ("InsufficientResources", Status.UNKNOWN, "NvmlReadError"),
+    *NVML_READ_ERRORS,
 ])
 def test_nvml_error_affects_only_that_gpu_and_removes_it_from_the_peers(rig, error, status,
                                                                         reason):

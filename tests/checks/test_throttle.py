@@ -13,6 +13,7 @@ from gpu_monitor.model import Status
 from gpu_monitor.runner import run_check
 from gpu_monitor.sim.fake_nvml import FakeNvml
 from gpu_monitor.state import Store
+from tests.checks.rig import NVML_READ_ERRORS
 
 
 @pytest.fixture
@@ -198,13 +199,7 @@ def test_real_clock_event_bitmasks(rig, fixtures_dir, fixture, reasons):
 @pytest.mark.parametrize("error, status, reason", [
     ("GpuIsLost", Status.UNKNOWN, "GpuLost"),
     ("NotSupported", Status.SKIPPED, "NotSupported"),
-    ("Unknown", Status.UNKNOWN, "NvmlReadError"),
-    ("NoPermission", Status.UNKNOWN, "NvmlReadError"),
-    ("Timeout", Status.UNKNOWN, "NvmlReadError"),
-    ("InvalidArgument", Status.UNKNOWN, "NvmlReadError"),
-    ("Uninitialized", Status.UNKNOWN, "NvmlReadError"),
-    ("DriverNotLoaded", Status.UNKNOWN, "NvmlReadError"),
-    ("InsufficientResources", Status.UNKNOWN, "NvmlReadError"),
+    *NVML_READ_ERRORS,
 ])
 def test_nvml_error_on_clock_events_affects_only_that_gpu(rig, error, status, reason):
     r = rig(f"nvml-error@gpu:2,call=nvmlDeviceGetCurrentClocksEventReasons,error={error}",
