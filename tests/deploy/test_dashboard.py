@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 
-import pytest
 import yaml
 
 from tests.deploy.deploy_helpers import (
     DEPLOY,
     find,
     golden_metric_names,
+    installed_tool,
     promql_metric_names,
     remediation_metric_names,
     render,
@@ -94,9 +93,7 @@ def test_every_query_filters_by_the_node_variable_or_is_fleet_wide():
 
 
 def test_every_query_is_valid_promql(tmp_path):
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool is not installed (Debian package prometheus)")
+    promtool = installed_tool("promtool", "promtool is not installed (Debian package prometheus)")
     rules = []
     for i, (_title, expr) in enumerate(_queries(_dashboard())):
         for var, value in GRAFANA_VARIABLES.items():

@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from tests.deploy.deploy_helpers import DOCS, REPO
+from tests.deploy.deploy_helpers import DOCS, REPO, heading_anchors
 
 OPERATOR_DOCS = ("architecture.md", "install.md", "runbook.md", "coexistence.md",
                  "manual-checks.md")
@@ -23,16 +23,6 @@ RUNBOOK_CHECKS = ("inventory", "xid", "nvswitch", "throttle", "temperature", "nv
 RUNBOOK_SECTIONS = ("sdc-alarms", "most-loss-spikes-are-not-sdc", "breaker-tripped",
                     "quarantine-states", "bootstrap-failed", "drain-failed", "dry-run")
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
-
-
-def _anchors(markdown: str) -> set[str]:
-    out = set()
-    for line in markdown.splitlines():
-        m = re.match(r"#{1,6}\s+(.*)", line)
-        if m:
-            text = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower())
-            out.add(text.replace(" ", "-"))
-    return out
 
 
 def _runbook() -> str:
@@ -50,14 +40,14 @@ def test_relative_links_reach_existing_files_and_headings(name):
         dest = (path.parent / file_part).resolve() if file_part else path
         assert dest.exists(), f"{name}: link to {target}: no such file"
         if anchor and dest.suffix == ".md":
-            assert anchor in _anchors(dest.read_text(encoding="utf-8")), (
+            assert anchor in heading_anchors(dest.read_text(encoding="utf-8")), (
                 f"{name}: link to {target}: no such heading in {dest.name}")
 
 
 def test_the_runbook_has_a_section_per_check_and_per_alarm():
     from gpu_monitor.registry import all_check_classes
 
-    anchors = _anchors(_runbook())
+    anchors = heading_anchors(_runbook())
     names = set(RUNBOOK_CHECKS) | {c.name for c in all_check_classes(plugins=False)}
     for name in sorted(names):
         assert name in anchors, f"docs/runbook.md has no section for the check {name}"

@@ -10,7 +10,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
 
 from tests.deploy.deploy_helpers import (
@@ -19,6 +18,8 @@ from tests.deploy.deploy_helpers import (
     base_objects,
     find,
     golden_metric_names,
+    heading_anchors,
+    installed_tool,
     iter_rules,
     promql_metric_names,
     remediation_metric_names,
@@ -52,11 +53,8 @@ def _alerts() -> dict[str, dict]:
 
 
 def _promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.skip("promtool is not installed (Debian package prometheus): the alert rules are "
-                    "not unit-tested")
-    return path
+    return installed_tool("promtool", "promtool is not installed (Debian package prometheus): "
+                          "the alert rules are not unit-tested")
 
 
 def _extract(tmp_path: Path) -> Path:
@@ -69,15 +67,8 @@ def _extract(tmp_path: Path) -> Path:
 
 
 def _anchors(markdown: str) -> set[str]:
-    """GitHub's heading anchors (lower case, punctuation except - and _ dropped)."""
-    out = set()
-    for line in markdown.splitlines():
-        m = re.match(r"#{1,6}\s+(.*)", line)
-        if m:
-            text = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower())
-            out.add(text.replace(" ", "-"))
-    out |= set(re.findall(r'<a (?:id|name)="([^"]+)"', markdown))
-    return out
+    """The headings' anchors and the explicit ones (``<a id=...>``)."""
+    return heading_anchors(markdown) | set(re.findall(r'<a (?:id|name)="([^"]+)"', markdown))
 
 
 # --- ServiceMonitor ------------------------------------------------------------------------------
