@@ -11,13 +11,13 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from gpu_monitor.cli import main
 from tests.conftest import REPO
+from tests.waiting import eventually
 
 SIM = ("--simulate", "h100-sxm-8")
 QUIET = ("--log-level", "error")
@@ -35,13 +35,7 @@ def tmpdir_listing(tmp_path, monkeypatch):
 
 
 def wait_until(condition, what: str, timeout: float = 120.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    pytest.fail(f"timed out waiting for {what}")
+    return eventually(condition, timeout, interval=0.05, what=what)
 
 
 def workers_running(tmp: Path) -> bool:

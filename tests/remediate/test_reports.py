@@ -28,6 +28,7 @@ from tests.remediate.remediate_helpers import (
     remediator,
     writes_to,
 )
+from tests.waiting import eventually
 
 OTHER = "gpu-node-2"
 NS = "gpu-monitor"
@@ -175,13 +176,7 @@ def test_drop_directory_feeds_the_policy_and_skips_junk(fake, tmp_path):
 
 def until(predicate, timeout: float = 30.0):
     """Wait (real time, generous) for a condition another thread brings about."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.01)
+    eventually(predicate, timeout, interval=0.01)
 
 
 def test_a_missing_crd_warns_once_backs_off_and_recovers_when_it_appears(tmp_path, caplog):
