@@ -25,11 +25,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests" / "remediate"))
+sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from _util import percentile  # noqa: E402
-from remediate_helpers import (  # noqa: E402
+
+from gpu_monitor.clock import Clock  # noqa: E402
+from gpu_monitor.state import Store  # noqa: E402
+from tests.remediate.remediate_helpers import (  # noqa: E402
     TAINT_KEY,
     FakeApiServer,
     config,
@@ -38,9 +41,6 @@ from remediate_helpers import (  # noqa: E402
     seed_breaker,
     xid,
 )
-
-from gpu_monitor.clock import Clock  # noqa: E402
-from gpu_monitor.state import Store  # noqa: E402
 
 
 def quarantined(node: dict) -> bool:

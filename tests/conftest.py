@@ -28,6 +28,23 @@ def fake_clock():
     return FakeClock()
 
 
+@pytest.fixture
+def check_rig():
+    """Build ``CheckRig``s (tests/checks/rig.py) with the rig's arguments; each is closed after
+    the test."""
+    from tests.checks.rig import CheckRig
+
+    made: list[CheckRig] = []
+
+    def make(*args, **kw) -> CheckRig:
+        made.append(CheckRig(*args, **kw))
+        return made[-1]
+
+    yield make
+    for rig in made:
+        rig.close()
+
+
 def pytest_addoption(parser):
     parser.addoption("--update-golden", action="store_true", default=False,
                      help="rewrite tests/golden/*.prom from the current exposition")

@@ -1,5 +1,5 @@
 """Reading nccl-tests' printed result tables (tests/fixtures/nccl_tests): the numbers the NCCL
-arithmetic (tests/core/test_nccl.py) and the fabric probe's judgement
+arithmetic (tests/test_nccl.py) and the fabric probe's judgement
 (tests/fabric/test_probe_result.py) are held to."""
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from gpu_monitor.config import (
 )
 from gpu_monitor.hw.paths import DEFAULT_REBOOT_SENTINEL
 from gpu_monitor.profiles import UndeclaredSetting, load_profile
+from tests.fuzz import load_any_bytes
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs" / "configuration.md"
@@ -438,15 +439,7 @@ def test_parse_config_raises_only_config_errors(data):
 @settings(deadline=None, derandomize=True, max_examples=150)
 @given(st.binary(max_size=200))
 def test_load_config_raises_only_config_errors_on_any_bytes(data):
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "c.yaml"
-        path.write_bytes(data)
-        try:
-            load_config(str(path), env={})
-        except ConfigError:
-            pass
+    load_any_bytes(lambda path: load_config(path, env={}), data, "c.yaml", ConfigError)
 
 
 def test_remediation_overrides_in_a_check_block_are_typed(tmp_path):

@@ -86,7 +86,7 @@ ELSEWHERE: dict[str, dict[str, str]] = {
     "nvswitch": {"nvmlInitWithFlags": "without NVML the fabric part says nothing; inventory "
                                       "fails the node",
                  "nvmlDeviceGetCount": "one node unknown beside the fabric manager's node "
-                                       "result: tests/checks/test_nvswitch_check.py"},
+                                       "result: tests/checks/test_nvswitch.py"},
 }
 
 # Error kinds every call answers with as a real error (kinds with call-specific meanings,

@@ -4,7 +4,7 @@ and what to do, with no traceback, and leaves the file exactly as it was.
 
 The table is generated: each kind of file in tests/state_damage.py (the damaged ones, a
 directory, a newer release's file) crossed with each one-shot command. The long-running
-daemon recovers instead (tests/daemon/test_daemon_state_recovery.py).
+daemon recovers instead (tests/test_daemon_state_recovery.py).
 """
 
 from __future__ import annotations

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from cuda_helpers import cuda_count
 
 from checks.burn_in import (
     BurnIn,
@@ -21,29 +20,14 @@ from gpu_monitor.hw.nvml import NvmlError, NvmlErrorKind
 from gpu_monitor.model import Status
 from gpu_monitor.profiles import load_profile
 from gpu_monitor.runner import run_check
-from gpu_monitor.sim.inject import parse
-from gpu_monitor.sim.node import SimulatedNode
 from gpu_monitor.workers.faults import TEST_FAULT_ENV
+from tests.checks.cuda_helpers import cuda_count
+from tests.checks.rig import run_simulated
 
 
-def run_sim(count: int, faults=(), checks=None, env=None, nvml_wrapper=None):
+def run_sim(count: int, faults=(), checks=None, **kw):
     """Run burn_in on a simulated h100 node with ``count`` devices; results by target."""
-    prof = load_profile("h100-sxm-8")
-    if count != 8:
-        prof = prof.with_overrides({"gpu": {"count": count}})
-    sim = SimulatedNode(prof, [parse(f) for f in faults])
-    try:
-        host = sim.host()
-        host.worker.env.update(env or {})
-        if nvml_wrapper is not None:
-            host.nvml = nvml_wrapper(host.nvml)
-        ctx = Context(host=host, profile=prof.for_simulation(),
-                      config=parse_config({"checks": {"burn_in": checks or {}}}))
-        outcome = run_check(BurnIn(), ctx)
-    finally:
-        sim.close()
-    assert outcome.success, outcome.results
-    return {r.target: r for r in outcome.results}
+    return run_simulated(BurnIn(), count, faults, settings=checks, **kw)
 
 
 def run(tflops=1.0, sha="a", **extra):

@@ -4,50 +4,18 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
-import textwrap
 
 import pytest
 
 from checks.dcgm_diag import DcgmDiag
-from gpu_monitor.check import Context
 from gpu_monitor.config import DEFAULT_CONFIG, Config
 from gpu_monitor.hw.command import CommandRunner
 from gpu_monitor.model import Action, Status
-from gpu_monitor.profiles import load_profile
-from gpu_monitor.runner import run_check
-from gpu_monitor.sim.inject import parse
-from gpu_monitor.sim.node import SimulatedNode
-from gpu_monitor.state import Store
-
-
-@pytest.fixture
-def node(fake_clock):
-    made = []
-
-    def build(*faults, config=DEFAULT_CONFIG):
-        profile = load_profile("h100-sxm-8")
-        sim = SimulatedNode(profile, [parse(f) for f in faults])
-        host = sim.host()
-        made.append(host)
-        ctx = Context(host=host, profile=profile.for_simulation(), config=config,
-                      clock=fake_clock, store=Store.open(":memory:"))
-        return sim, ctx
-
-    yield build
-    for host in made:
-        host.close()
+from tests.checks.rig import fake_tool, not_ok, run_once
 
 
 def run(ctx):
-    outcome = run_check(DcgmDiag(), ctx)
-    out = {r.target: r for r in outcome.results}
-    assert len(out) == len(outcome.results), "one result per target"
-    return out
-
-
-def not_ok(res):
-    return {t: (r.status, r.reason) for t, r in res.items() if r.status is not Status.OK}
+    return run_once(DcgmDiag(), ctx, succeed=False)
 
 
 def test_healthy_node_passes_every_test_on_every_gpu(node):
@@ -128,21 +96,13 @@ def test_without_dcgmi_the_check_is_skipped(node, tmp_path):
 
 def fake_dcgmi(tmp_path, stdout="", stderr="", code=0, sleep=0.0):
     """A dcgmi that prints fixed output (read from files beside it) and exits ``code``."""
-    bin_dir = tmp_path / "bad-bin"
-    bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "out.txt").write_text(stdout)
-    (bin_dir / "err.txt").write_text(stderr)
-    script = bin_dir / "dcgmi"
-    script.write_text(f"#!{sys.executable}\n" + textwrap.dedent(f"""\
-        import os, sys, time
-        here = os.path.dirname(os.path.abspath(__file__))
+    return fake_tool(tmp_path, "dcgmi", f"""\
+        import sys, time
         time.sleep({sleep})
         sys.stdout.write(open(os.path.join(here, "out.txt")).read())
         sys.stderr.write(open(os.path.join(here, "err.txt")).read())
         sys.exit({code})
-        """))
-    script.chmod(0o755)
-    return CommandRunner(search_path=[str(bin_dir)])
+        """, files={"out.txt": stdout, "err.txt": stderr})
 
 
 @pytest.fixture

@@ -11,40 +11,11 @@ from gpu_monitor.check import Context
 from gpu_monitor.config import DEFAULT_CONFIG, Config
 from gpu_monitor.model import Action, Status
 from gpu_monitor.profiles import load_profile
-from gpu_monitor.runner import run_check
-from gpu_monitor.sim.inject import parse
-from gpu_monitor.sim.node import SimulatedNode
-from gpu_monitor.state import Store
-
-
-@pytest.fixture
-def node(fake_clock):
-    made = []
-
-    def build(*faults, config=DEFAULT_CONFIG):
-        profile = load_profile("h100-sxm-8")
-        sim = SimulatedNode(profile, [parse(f) for f in faults])
-        host = sim.host()
-        made.append(host)
-        ctx = Context(host=host, profile=profile.for_simulation(), config=config,
-                      clock=fake_clock, store=Store.open(":memory:"))
-        return sim, ctx
-
-    yield build
-    for host in made:
-        host.close()
-
-
-def by_target(results):
-    out = {r.target: r for r in results}
-    assert len(out) == len(results), "one result per target"
-    return out
+from tests.checks.rig import run_once
 
 
 def run(ctx, check=None):
-    outcome = run_check(check or EccMemory(), ctx)
-    assert outcome.success, outcome.error
-    return by_target(outcome.results)
+    return run_once(check or EccMemory(), ctx)
 
 
 def test_healthy_node_is_ok_on_every_gpu_with_the_values_in_details(node):

@@ -1,11 +1,10 @@
 """nccl_allreduce: judgement, and gloo runs on the simulated node (wrong data named, hangs and
 crashes named, one device skipped). nccl-tests' formulas on real outputs are held in
-tests/core/test_nccl.py."""
+tests/test_nccl.py."""
 
 from __future__ import annotations
 
 import pytest
-from cuda_helpers import cuda_count
 
 from checks.nccl_allreduce import NcclAllreduce, sweep_findings
 from gpu_monitor.check import Context
@@ -14,26 +13,15 @@ from gpu_monitor.model import Status
 from gpu_monitor.nccl import SweepLimits
 from gpu_monitor.profiles import load_profile
 from gpu_monitor.runner import run_check
-from gpu_monitor.sim.inject import parse
-from gpu_monitor.sim.node import SimulatedNode
 from gpu_monitor.workers.faults import TEST_FAULT_ENV
+from tests.checks.cuda_helpers import cuda_count
+from tests.checks.rig import run_simulated
 
 SMALL_SWEEP = {"sweep_max_bytes": 32768}  # 8 B .. 32 KiB: fast on 2 cores
 
 
 def run_sim(count: int, faults=(), checks=None, env=None):
-    prof = load_profile("h100-sxm-8").with_overrides({"gpu": {"count": count}})
-    sim = SimulatedNode(prof, [parse(f) for f in faults])
-    try:
-        host = sim.host()
-        host.worker.env.update(env or {})
-        ctx = Context(host=host, profile=prof.for_simulation(),
-                      config=parse_config({"checks": {"nccl_allreduce": checks or {}}}))
-        outcome = run_check(NcclAllreduce(), ctx)
-    finally:
-        sim.close()
-    assert outcome.success, outcome.results
-    return {r.target: r for r in outcome.results}
+    return run_simulated(NcclAllreduce(), count, faults, settings=checks, env=env)
 
 
 # --- judgement ----------------------------------------------------------------------------------

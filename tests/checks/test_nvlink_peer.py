@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from cuda_helpers import cuda_count
 
 from checks.nvlink_peer import NvlinkPeer, pattern_key
 from gpu_monitor.check import Context
@@ -11,33 +10,13 @@ from gpu_monitor.config import parse_config
 from gpu_monitor.model import Status
 from gpu_monitor.profiles import load_profile
 from gpu_monitor.runner import run_check
-from gpu_monitor.sim.inject import parse
-from gpu_monitor.sim.node import SimulatedNode
 from gpu_monitor.workers.faults import TEST_FAULT_ENV
+from tests.checks.cuda_helpers import cuda_count
+from tests.checks.rig import run_simulated, simulated_rig
 
 
-def sim_context(count: int, faults=(), checks=None, env=None, nvml_wrapper=None, spec_edit=None):
-    prof = load_profile("h100-sxm-8").with_overrides({"gpu": {"count": count}})
-    sim = SimulatedNode(prof, [parse(f) for f in faults])
-    if spec_edit is not None:
-        spec_edit(sim.spec)
-    host = sim.host()
-    host.worker.env.update(env or {})
-    if nvml_wrapper is not None:
-        host.nvml = nvml_wrapper(host.nvml)
-    ctx = Context(host=host, profile=prof.for_simulation(),
-                  config=parse_config({"checks": {"nvlink_peer": checks or {}}}))
-    return sim, ctx
-
-
-def run_sim(count: int, **kw):
-    sim, ctx = sim_context(count, **kw)
-    try:
-        outcome = run_check(NvlinkPeer(), ctx)
-    finally:
-        sim.close()
-    assert outcome.success, outcome.results
-    return {r.target: r for r in outcome.results}
+def run_sim(count: int, checks=None, **kw):
+    return run_simulated(NvlinkPeer(), count, settings=checks, **kw)
 
 
 def test_every_ordered_pair_is_copied_verified_and_put_in_the_matrix():
@@ -112,11 +91,11 @@ def _pair(**kw):
     (_pair(gb_per_s=100.0), "P2pBandwidthLow", Status.FAILED),
 ], ids=["ok", "data", "no-peer-access", "warning-band", "below-floor"])
 def test_each_pair_is_judged_on_data_then_peer_access_then_bandwidth(pair, reason, status):
-    sim, ctx = sim_context(1)
+    rig = simulated_rig(NvlinkPeer(), 1)
     try:
-        r = NvlinkPeer()._pair(ctx, pair, floor=335.0, band=0.05, expected_links=18)
+        r = rig.check._pair(rig.ctx(), pair, floor=335.0, band=0.05, expected_links=18)
     finally:
-        sim.close()
+        rig.close()
     assert (r.target, r.reason, r.status) == ("p2p:0:1", reason, status)
 
 

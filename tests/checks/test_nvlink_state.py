@@ -3,68 +3,21 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import pytest
 
 from checks.nvlink_state import NvlinkState
-from gpu_monitor.check import Context
-from gpu_monitor.clock import FakeClock
-from gpu_monitor.config import DEFAULT_CONFIG
 from gpu_monitor.hw.nvml_reader import NvmlReader
 from gpu_monitor.model import Status
-from gpu_monitor.profiles import load_profile
 from gpu_monitor.runner import run_check
 from gpu_monitor.sim.fake_nvml import FakeNvml
-from gpu_monitor.sim.inject import parse
-from gpu_monitor.sim.node import SimulatedNode
 from gpu_monitor.state import Store
 
 
-class Rig:
-    def __init__(self, *faults: str, profile: str = "h100-sxm-8", overrides=None,
-                 store: Store | None = None, one_shot: bool = False):
-        self.profile = load_profile(profile)
-        if overrides:
-            self.profile = self.profile.with_overrides(overrides)
-        self.node = SimulatedNode(self.profile, [parse(f) for f in faults])
-        self.host = self.node.host()
-        self.clock = FakeClock()
-        self.elapsed = 0.0
-        self.ctx = Context(host=self.host, profile=self.profile, config=DEFAULT_CONFIG,
-                           clock=self.clock, store=store or Store.open(":memory:"),
-                           one_shot=one_shot)
-        self.check = NvlinkState()
-
-    @property
-    def gpus(self):
-        return self.node.spec.gpus
-
-    def poll(self) -> dict[str, object]:
-        return {r.target: r for r in self.check.poll(self.ctx)}
-
-    def step(self, seconds: float = 10.0) -> dict[str, object]:
-        self.clock.advance(seconds)
-        self.elapsed += seconds
-        self.node.advance(self.elapsed)
-        return self.poll()
-
-    def set_uptime(self, seconds: float) -> None:
-        self.node.spec.uptime_s = seconds
-        self.node.advance(self.elapsed)  # re-renders /proc/uptime
-
-
 @pytest.fixture
-def rig():
-    made: list[Rig] = []
-
-    def make(*faults: str, **kw) -> Rig:
-        r = Rig(*faults, **kw)
-        made.append(r)
-        return r
-
-    yield make
-    for r in made:
-        r.node.close()
+def rig(check_rig):
+    return partial(check_rig, NvlinkState)
 
 
 def test_healthy_node_is_one_result_per_gpu(rig):
@@ -173,7 +126,7 @@ def test_gpu_with_fewer_links_than_the_profile_fails(rig):
 
 def test_profile_without_nvlink_is_skipped(rig):
     for r in (rig(profile="cpu-only"), rig(overrides={"nvlink": {"links_per_gpu": 0}})):
-        (res,) = r.check.poll(r.ctx)
+        (res,) = r.check.poll(r.ctx())
         assert (res.target, res.status, res.reason) == ("node", Status.SKIPPED, "NotSupported")
 
 
@@ -349,14 +302,14 @@ def test_lost_gpu_is_unknown_gpu_lost_and_keeps_its_open_links(rig):
 def test_gpu_enumeration_failure_is_one_unknown_node_result(rig):
     r = rig()
     r.host.nvml = NvmlReader(FakeNvml(r.node.spec, {"nvmlDeviceGetCount": "Unknown"}))
-    (res,) = r.check.poll(r.ctx)
+    (res,) = r.check.poll(r.ctx())
     assert (res.target, res.status, res.reason) == ("node", Status.UNKNOWN, "NvmlReadError")
 
 
 def test_nvml_unavailable_is_skipped_by_the_runner(rig):
     r = rig()
     r.node.spec.nvml_library_missing = True
-    (res,) = run_check(NvlinkState(), r.ctx, method="poll").results
+    (res,) = run_check(NvlinkState(), r.ctx(), method="poll").results
     assert (res.status, res.reason) == (Status.SKIPPED, "RequirementMissing")
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from cuda_helpers import claim_cuda_torch, cuda_count
 
 import checks.pcie as pcie_check
 from checks.pcie import Pcie
@@ -13,39 +12,15 @@ from gpu_monitor.host import WorkerSettings
 from gpu_monitor.model import Status
 from gpu_monitor.profiles import load_profile
 from gpu_monitor.runner import run_check
-from gpu_monitor.sim.inject import parse
-from gpu_monitor.sim.node import SimulatedNode
-from gpu_monitor.state import Store
 from gpu_monitor.workers.pool import DeviceRef, Outcome, Task, WorkerPool
+from tests.checks.cuda_helpers import claim_cuda_torch, cuda_count
+from tests.checks.rig import run_once
 
 NICS = [f"pcie:0000:{b:02x}:00.0" for b in (0x4F, 0x60, 0x71, 0x82, 0x93, 0xA4, 0xB5, 0xC6)]
 
 
-@pytest.fixture
-def node(fake_clock):
-    made = []
-
-    def build(*faults, overrides=None):
-        profile = load_profile("h100-sxm-8")
-        sim = SimulatedNode(profile, [parse(f) for f in faults])
-        host = sim.host()
-        made.append(host)
-        judged = profile.with_overrides(overrides) if overrides else profile
-        ctx = Context(host=host, profile=judged.for_simulation(), config=DEFAULT_CONFIG,
-                      clock=fake_clock, store=Store.open(":memory:"))
-        return sim, ctx
-
-    yield build
-    for host in made:
-        host.close()
-
-
 def run(ctx):
-    outcome = run_check(Pcie(), ctx)
-    assert outcome.success, outcome.error
-    out = {r.target: r for r in outcome.results}
-    assert len(out) == len(outcome.results), "one result per target"
-    return out
+    return run_once(Pcie(), ctx)
 
 
 def problems(res):
@@ -272,7 +247,7 @@ def test_replays_during_the_check_degrade(node):
 def test_numa_and_nic_pairing_match_the_profile(node):
     numa = [0, 0, 0, 0, 1, 1, 1, 1]
     nics = [f"mlx5_{i}" for i in range(8)]
-    _, ctx = node(overrides={"pcie": {"gpu_numa": numa, "gpu_nic": nics}})
+    _, ctx = node(expect={"pcie": {"gpu_numa": numa, "gpu_nic": nics}})
     res = run(ctx)
     assert problems(res) == {}
     assert res["gpu:5"].details["expected_nic"] == "mlx5_5"
@@ -281,7 +256,7 @@ def test_numa_and_nic_pairing_match_the_profile(node):
 def test_numa_and_nic_mismatch_degrade_the_gpu(node):
     numa = [1, 0, 0, 0, 1, 1, 1, 1]
     nics = ["mlx5_0", "mlx5_1", "mlx5_3", "mlx5_2", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_7"]
-    _, ctx = node(overrides={"pcie": {"gpu_numa": numa, "gpu_nic": nics}})
+    _, ctx = node(expect={"pcie": {"gpu_numa": numa, "gpu_nic": nics}})
     res = run(ctx)
     assert problems(res) == {f"gpu:{i}": (Status.DEGRADED, "PcieTopologyMismatch")
                              for i in (0, 2, 3)}

@@ -4,83 +4,24 @@ from __future__ import annotations
 
 import os
 import shutil
+from functools import partial
 
 import pytest
 
 from checks.pcie_aer import PcieAer, correctable_increase
-from gpu_monitor.check import Context
-from gpu_monitor.clock import FakeClock
-from gpu_monitor.config import DEFAULT_CONFIG
 from gpu_monitor.model import Action, Status
-from gpu_monitor.profiles import load_profile
-from gpu_monitor.sim.inject import parse
-from gpu_monitor.sim.node import SimulatedNode
 from gpu_monitor.state import Store
+from tests.checks.rig import CheckRig
 
 GPU0 = "pcie:0000:53:00.0"  # gpu 0 of the simulated HGX board
 
 
-class Rig:
-    def __init__(self, node: SimulatedNode, profile) -> None:
-        self.node, self.profile = node, profile
-        self.clock = FakeClock()
-        self.store: Store | None = Store.open(":memory:", self.clock)
-        self.check = PcieAer()
-        self.host = node.host()
-        self.t = 0.0
-        self.log: list[tuple[float, dict]] = []
-
-    def ctx(self, one_shot: bool = False) -> Context:
-        return Context(host=self.host, profile=self.profile, config=DEFAULT_CONFIG,
-                       clock=self.clock, store=self.store, one_shot=one_shot)
-
-    def poll(self) -> dict:
-        self.node.advance(self.t)
-        res = {r.target: r for r in self.check.poll(self.ctx())}
-        self.log.append((self.t, res))
-        return res
-
-    def run_to(self, t_end: float, every: float = 30.0) -> dict:
-        if self.log and self.log[-1][0] == self.t:
-            self.clock.advance(every)
-            self.t += every
-        res: dict = {}
-        while self.t <= t_end:
-            res = self.poll()
-            if self.t + every > t_end:
-                break
-            self.clock.advance(every)
-            self.t += every
-        return res
-
-    def history(self, target: str = GPU0) -> list[tuple[float, Status, str]]:
-        out: list[tuple[float, Status, str]] = []
-        for t, res in self.log:
-            r = res[target]
-            if not out or out[-1][1:] != (r.status, r.reason):
-                out.append((t, r.status, r.reason))
-        return out
-
-    def one_shot(self) -> dict:
-        self.node.advance(self.t)
-        return {r.target: r for r in PcieAer().run(self.ctx(one_shot=True))}
-
-
 @pytest.fixture
-def rig():
-    made: list[SimulatedNode] = []
-
-    def make(*faults: str, profile: str = "h100-sxm-8") -> Rig:
-        node = SimulatedNode(load_profile(profile), [parse(f) for f in faults])
-        made.append(node)
-        return Rig(node, load_profile(profile))
-
-    yield make
-    for n in made:
-        n.close()
+def rig(check_rig):
+    return partial(check_rig, PcieAer, watch=GPU0)
 
 
-def aer_file(r: Rig, address: str, kind: str) -> str:
+def aer_file(r: CheckRig, address: str, kind: str) -> str:
     return os.path.join(r.node.paths.sys("bus", "pci", "devices", address), f"aer_dev_{kind}")
 
 
@@ -278,7 +219,7 @@ def test_node_without_watched_devices_is_skipped(rig):
 
 def test_one_shot_reports_any_uncorrectable_since_boot(rig):
     r = rig("aer@gpu:0,kind=fatal", "aer@gpu:1,kind=nonfatal", "aer@gpu:2,kind=correctable,count=7")
-    res = r.one_shot()
+    res = r.one_shot_run()
     assert (res[GPU0].status, res[GPU0].reason, res[GPU0].action) == (
         Status.FAILED, "AerFatal", Action.REBOOT)
     assert "since boot" in res[GPU0].message
@@ -293,6 +234,6 @@ def test_one_shot_reports_any_uncorrectable_since_boot(rig):
 def test_one_shot_judges_the_correctable_rate_from_daemon_history(rig):
     r = rig("aer@gpu:0,kind=correctable,count=900,after=60")
     r.run_to(300)
-    res = r.one_shot()[GPU0]
+    res = r.one_shot_run()[GPU0]
     assert (res.status, res.reason) == (Status.DEGRADED, "AerCorrectableRate")
     assert res.details["window"] == "history"

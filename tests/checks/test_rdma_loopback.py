@@ -4,54 +4,20 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
-import textwrap
 
 import pytest
 
 from checks.rdma_loopback import RdmaLoopback
-from gpu_monitor.check import Context
-from gpu_monitor.config import DEFAULT_CONFIG, Config
+from gpu_monitor.config import Config
 from gpu_monitor.hw.command import CommandRunner
 from gpu_monitor.model import Action, Status
-from gpu_monitor.profiles import load_profile
-from gpu_monitor.runner import run_check
-from gpu_monitor.sim.inject import parse
-from gpu_monitor.sim.node import SimulatedNode
-from gpu_monitor.state import Store
+from tests.checks.rig import fake_tool, not_ok, run_once
 
 ONLY_MLX5_0 = tuple(f"port-down@ib:mlx5_{i}:1" for i in range(1, 8))
 
 
-@pytest.fixture
-def node(fake_clock):
-    made = []
-
-    def build(*faults, config=DEFAULT_CONFIG, overrides=None):
-        profile = load_profile("h100-sxm-8")
-        sim = SimulatedNode(profile, [parse(f) for f in faults])
-        host = sim.host()
-        made.append(host)
-        judged = profile.with_overrides(overrides) if overrides else profile
-        ctx = Context(host=host, profile=judged.for_simulation(), config=config,
-                      clock=fake_clock, store=Store.open(":memory:"))
-        return sim, ctx
-
-    yield build
-    for host in made:
-        host.close()
-
-
 def run(ctx):
-    outcome = run_check(RdmaLoopback(), ctx)
-    assert outcome.success, outcome.error
-    out = {r.target: r for r in outcome.results}
-    assert len(out) == len(outcome.results), "one result per target"
-    return out
-
-
-def not_ok(res):
-    return {t: (r.status, r.reason) for t, r in res.items() if r.status is not Status.OK}
+    return run_once(RdmaLoopback(), ctx)
 
 
 def test_every_active_port_reaches_the_floor_with_gpudirect(node):
@@ -95,7 +61,7 @@ def test_port_that_is_not_active_is_skipped(node):
 
 def test_gpu_nic_pairing_from_the_profile_picks_the_gpu(node):
     pairing = [f"mlx5_{7 - i}" for i in range(8)]
-    _, ctx = node(*ONLY_MLX5_0, overrides={"pcie": {"gpu_nic": pairing}})
+    _, ctx = node(*ONLY_MLX5_0, expect={"pcie": {"gpu_nic": pairing}})
     r = run(ctx)["ib:mlx5_0:1"]
     assert r.details["gpudirect_gpu"] == 7
     assert "--use_cuda_bus_id=0000:ca:00.0" in r.details["command"]
@@ -119,8 +85,7 @@ def test_without_perftest_the_check_is_skipped(node, tmp_path):
 # --- misbehaving perftest ------------------------------------------------------------------------
 
 FAKE = """\
-import json, os, sys, time
-here = os.path.dirname(os.path.abspath(__file__))
+import json, sys, time
 cfg = json.load(open(os.path.join(here, "behaviour.json")))
 args = sys.argv[1:]
 if "--help" in args:
@@ -159,14 +124,9 @@ FAST = {"rdma_loopback": {"run_timeout_s": 1.0, "server_start_s": 0.3, "connect_
 
 
 def fake_perftest(tmp_path, server=None, client=None, help_text="Usage: ib_write_bw"):
-    bin_dir = tmp_path / "bad-bin"
-    bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "behaviour.json").write_text(json.dumps(
-        {"server": server or {}, "client": client or {}, "help": help_text}))
-    script = bin_dir / "ib_write_bw"
-    script.write_text(f"#!{sys.executable}\n" + textwrap.dedent(FAKE))
-    script.chmod(0o755)
-    return CommandRunner(search_path=[str(bin_dir)])
+    behaviour = {"server": server or {}, "client": client or {}, "help": help_text}
+    return fake_tool(tmp_path, "ib_write_bw", FAKE,
+                     files={"behaviour.json": json.dumps(behaviour)})
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """rdma_ports over the simulated node and the real sysfs/ibstat fixtures, on a fake clock.
 
 Each test drives the real check through the real SysfsReader: faults change the simulated
-hardware, ``Rig.run_to`` steps a FakeClock one poll period at a time (a ten-minute window
+hardware, ``CheckRig.run_to`` steps a FakeClock one poll period at a time (a ten-minute window
 takes a few hundred polls and well under a second).
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -23,105 +23,21 @@ from gpu_monitor.hw.command import CommandRunner
 from gpu_monitor.hw.paths import HostPaths
 from gpu_monitor.hw.procfs import ProcfsReader
 from gpu_monitor.hw.sysfs import SysfsReader
-from gpu_monitor.model import Action, Result, Status
+from gpu_monitor.model import Action, Status
 from gpu_monitor.profiles import load_profile
-from gpu_monitor.sim.inject import parse
-from gpu_monitor.sim.node import SimulatedNode
 from gpu_monitor.state import Store
+from tests.checks.rig import CheckRig, NodeClock
 
 PORT = "ib:mlx5_0:1"
 
 
-class SimClock(FakeClock):
-    """A fake clock that moves the simulated hardware along when a check sleeps on it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.node: SimulatedNode | None = None
-        self.t0 = self.monotonic()
-
-    def sleep(self, seconds: float) -> None:
-        super().sleep(seconds)
-        if self.node is not None:
-            self.node.advance(self.monotonic() - self.t0)
-
-
-@dataclass
-class Rig:
-    node: SimulatedNode
-    clock: SimClock
-    store: Store | None
-    profile: object
-    config: object = DEFAULT_CONFIG
-    check: RdmaPorts = field(default_factory=RdmaPorts)
-    t: float = 0.0
-    log: list[tuple[float, dict[str, Result]]] = field(default_factory=list)
-    host: Host | None = None
-
-    def ctx(self, one_shot: bool = False) -> Context:
-        if self.host is None:
-            self.host = self.node.host()
-        return Context(host=self.host, profile=self.profile, config=self.config,
-                       clock=self.clock, store=self.store, one_shot=one_shot)
-
-    def sync(self) -> None:
-        self.node.advance(self.t)
-
-    def poll(self) -> dict[str, Result]:
-        nxt = self.node.next_event_s()
-        if nxt is not None and nxt <= self.t:
-            self.sync()
-        results = {r.target: r for r in self.check.poll(self.ctx())}
-        self.log.append((self.t, results))
-        return results
-
-    def step(self, seconds: float = 1.0) -> None:
-        self.clock.advance(seconds)
-        self.t += seconds
-
-    def run_to(self, t_end: float, every: float = 1.0) -> dict[str, Result]:
-        """Poll at ``self.t``, ``+every``, ... up to and including ``t_end``; the last results."""
-        last: dict[str, Result] = {}
-        if self.log and self.log[-1][0] == self.t:
-            self.step(every)  # already polled at this instant
-        while self.t <= t_end + 1e-9:
-            last = self.poll()
-            if self.t + every > t_end + 1e-9:
-                break
-            self.step(every)
-        return last
-
-    def history(self, target: str = PORT) -> list[tuple[float, Status, str]]:
-        """(time, status, reason) at every change for one target."""
-        out: list[tuple[float, Status, str]] = []
-        for t, res in self.log:
-            r = res[target]
-            if not out or (out[-1][1], out[-1][2]) != (r.status, r.reason):
-                out.append((t, r.status, r.reason))
-        return out
-
-
 @pytest.fixture
-def rig():
-    made: list[SimulatedNode] = []
-
-    def make(*faults: str, profile: str = "h100-sxm-8", store: bool = True, overrides=None,
-             config=DEFAULT_CONFIG) -> Rig:
-        node = SimulatedNode(load_profile(profile), [parse(f) for f in faults])
-        made.append(node)
-        clock = SimClock()
-        clock.node = node
-        prof = load_profile(profile)
-        if overrides:
-            prof = prof.with_overrides(overrides)
-        return Rig(node, clock, Store.open(":memory:", clock) if store else None, prof, config)
-
-    yield make
-    for n in made:
-        n.close()
+def rig(check_rig):
+    # A one-shot watches a down port for a while: the node moves on while it sleeps.
+    return partial(check_rig, RdmaPorts, clock=NodeClock, watch=PORT)
 
 
-def port_spec(rig: Rig, device: str = "mlx5_0"):
+def port_spec(rig: CheckRig, device: str = "mlx5_0"):
     return next(p for p in rig.node.spec.ib_ports if p.device == device)
 
 
@@ -239,7 +155,7 @@ def test_short_outages_adding_up_past_the_budget_fail(rig):
 # --- link_downed: flaps shorter than the poll period --------------------------------------------
 
 
-def flap(r: Rig, count: int = 1, device: str = "mlx5_0") -> None:
+def flap(r: CheckRig, count: int = 1, device: str = "mlx5_0") -> None:
     port_spec(r, device).link_downed += count
     r.sync()
 
@@ -247,7 +163,7 @@ def flap(r: Rig, count: int = 1, device: str = "mlx5_0") -> None:
 def test_link_downed_increment_between_polls_counts_as_a_short_outage(rig):
     r = rig()
     r.run_to(5)
-    r.step()
+    r.advance()
     flap(r)
     res = r.run_to(6)[PORT]
     assert res.details["state"] == "ACTIVE"
@@ -257,7 +173,7 @@ def test_link_downed_increment_between_polls_counts_as_a_short_outage(rig):
     (start, end), = r.store.port_intervals("mlx5_0", 1)
     assert (end - start).total_seconds() == 1.0
     # Three flaps inside one poll period: three events, still at most one period of downtime.
-    r.step()
+    r.advance()
     flap(r, 3)
     res = r.run_to(7)[PORT]
     assert res.details["flaps_between_polls"] == 4
@@ -268,7 +184,7 @@ def test_twenty_unseen_flaps_add_up_like_outages(rig):
     r = rig()
     r.run_to(1)
     for _ in range(20):
-        r.step(10)
+        r.advance(10)
         flap(r)
         r.poll()
     res = r.log[-1][1][PORT]
@@ -289,12 +205,12 @@ def test_link_downed_going_backwards_rebases_without_alarm(rig):
     port_spec(r).link_downed = 40
     r.sync()
     r.run_to(3)
-    r.step()
+    r.advance()
     port_spec(r).link_downed = 0  # driver reload / perfquery -R
     r.sync()
     res = r.run_to(4)[PORT]
     assert res.status is Status.OK and res.details["outages_in_window"] == 0
-    r.step()
+    r.advance()
     flap(r)
     res = r.run_to(5)[PORT]
     assert res.details["flaps_between_polls"] == 1  # counting resumes from the new base
@@ -317,7 +233,7 @@ def test_restart_mid_outage_continues_the_same_interval(rig):
     r.run_to(14)
     assert r.log[-1][1][PORT].reason == "PortDown"
     r.check = RdmaPorts()  # the daemon restarts: new instance, same store
-    r.step()
+    r.advance()
     r.run_to(18)
     res = r.log[-1][1][PORT]
     assert (res.status, res.reason) == (Status.FAILED, "PortDownExceededNcclTimeout")
@@ -331,7 +247,7 @@ def test_restart_after_a_long_gap_credits_only_what_was_seen(rig):
     r = rig("port-down@ib:mlx5_0:1,after=10,for=3")
     r.run_to(11)  # seen down at 10 and 11
     r.check = RdmaPorts()
-    r.step(300)  # the daemon was away for five minutes; the port came back meanwhile
+    r.advance(300)  # the daemon was away for five minutes; the port came back meanwhile
     r.sync()
     res = r.poll()[PORT]
     assert res.status is Status.OK
@@ -344,7 +260,7 @@ def test_restart_after_reboot_closes_the_old_outage(rig):
     r.run_to(12)
     r.check = RdmaPorts()
     r.node.spec.boot_id = "0c5b1d7e-2222-4c1f-9e7a-000000000001"
-    r.step(60)
+    r.advance(60)
     r.sync()
     r.poll()
     intervals = r.store.port_intervals("mlx5_0", 1)
@@ -364,7 +280,7 @@ def test_works_without_a_store(rig):
 
 def test_missing_expected_port_fails(rig):
     ports = [f"mlx5_{i}:1" for i in range(8)] + ["mlx5_9:1"]
-    r = rig(overrides={"rdma": {"ports": ports}})
+    r = rig(expect={"rdma": {"ports": ports}})
     res = r.run_to(0)
     assert (res["ib:mlx5_9:1"].status, res["ib:mlx5_9:1"].reason) == (Status.FAILED,
                                                                       "PortMissing")
@@ -374,7 +290,7 @@ def test_missing_expected_port_fails(rig):
 
 def test_port_not_in_the_profile_is_reported_not_judged(rig):
     r = rig("port-down@ib:mlx5_7:1,after=0,for=100",
-            overrides={"rdma": {"ports": [f"mlx5_{i}:1" for i in range(7)]}})
+            expect={"rdma": {"ports": [f"mlx5_{i}:1" for i in range(7)]}})
     res = r.run_to(20)
     assert (res["ib:mlx5_7:1"].status, res["ib:mlx5_7:1"].reason) == (Status.SKIPPED,
                                                                       "PortNotExpected")
@@ -443,7 +359,7 @@ def test_junk_in_the_state_file_is_unknown(rig):
     path = os.path.join(r.node.paths.sys("class", "infiniband", "mlx5_2", "ports", "1"), "state")
     with open(path, "w") as f:
         f.write("\x00garbage\n")
-    r.step()
+    r.advance()
     res = r.poll()["ib:mlx5_2:1"]
     assert (res.status, res.reason) == (Status.UNKNOWN, "SysfsReadError")
     assert any("state" in e for e in res.details["read_errors"])
@@ -466,7 +382,7 @@ def test_a_judged_file_that_does_not_parse_makes_the_polled_port_unknown(rig, re
     else:
         with open(path, "w") as f:
             f.write(content)
-    r.step()
+    r.advance()
     res = r.poll()["ib:mlx5_2:1"]
     assert (res.status, res.reason) == (Status.UNKNOWN, "SysfsReadError")
     assert os.path.basename(rel) in res.message

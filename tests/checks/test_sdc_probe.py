@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-from cuda_helpers import cuda_count
 
 from checks.sdc_probe import SdcProbe
 from gpu_monitor.check import Context
@@ -25,10 +24,10 @@ from gpu_monitor.sdc.probe_reference import (
     write_reference,
 )
 from gpu_monitor.sdc.probe_worker import TEST_NONDETERMINISM_ENV
-from gpu_monitor.sim.inject import parse
-from gpu_monitor.sim.node import SimulatedNode
 from gpu_monitor.sim.worker import SDC_FACTOR, Seam, sdc_forward_hook
 from gpu_monitor.workers.faults import TEST_FAULT_ENV
+from tests.checks.cuda_helpers import cuda_count
+from tests.checks.rig import run_simulated
 from tests.conftest import REPO
 
 SETTINGS = {"seed": 1234, "batch_size": 8, "hidden_size": 64, "layers": 2}
@@ -36,20 +35,7 @@ SETTINGS = {"seed": 1234, "batch_size": 8, "hidden_size": 64, "layers": 2}
 
 def run_sim(count: int, faults=(), checks=None, env=None):
     """Run sdc_probe on a simulated h100 node with ``count`` devices; results by target."""
-    prof = load_profile("h100-sxm-8")
-    if count != 8:
-        prof = prof.with_overrides({"gpu": {"count": count}})
-    sim = SimulatedNode(prof, [parse(f) for f in faults])
-    try:
-        host = sim.host()
-        host.worker.env.update(env or {})
-        ctx = Context(host=host, profile=prof.for_simulation(),
-                      config=parse_config({"checks": {"sdc_probe": checks or {}}}))
-        outcome = run_check(SdcProbe(), ctx)
-    finally:
-        sim.close()
-    assert outcome.success, outcome.results
-    return {r.target: r for r in outcome.results}
+    return run_simulated(SdcProbe(), count, faults, settings=checks, env=env)
 
 
 def details(result):

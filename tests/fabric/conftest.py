@@ -4,20 +4,15 @@ kube-scheduler's preemption and the probe itself (fake_cluster.py)."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.kube.fake_apiserver import FakeApiServer
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-for extra in (HERE.parent / "kube", HERE):
-    if str(extra) not in sys.path:
-        sys.path.insert(0, str(extra))
-
-from fake_apiserver import FakeApiServer  # noqa: E402
-
 TEMPLATE = REPO / "daemonset" / "fabric" / "job-template.yaml"
 
 
@@ -61,7 +56,7 @@ def template() -> dict:
 
 @pytest.fixture
 def controller(fake_api: FakeApiServer):
-    from fake_cluster import ProbeController
+    from tests.fabric.fake_cluster import ProbeController
 
     ctl = ProbeController(fake_api)
     ctl.start()

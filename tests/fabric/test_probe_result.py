@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from nccl_tests_tables import nccl_tests_rows
 
 from gpu_monitor.fabric import termination
 from gpu_monitor.fabric.probe_result import (
@@ -20,6 +19,7 @@ from gpu_monitor.fabric.probe_settings import ProbeSettings, resolve_settings
 from gpu_monitor.fabric.transport import Transport
 from gpu_monitor.nccl import sweep_table
 from gpu_monitor.profiles import load_profile
+from tests.nccl_tests_tables import nccl_tests_rows
 
 # --- real runs against the profile floors ---------------------------------------------------------
 

@@ -7,13 +7,13 @@ import json
 import time
 
 import pytest
-from fake_cluster import FLOOR
 
 from gpu_monitor.clock import FakeClock
 from gpu_monitor.fabric.bisect import probe_bound
 from gpu_monitor.fabric.metrics import FabricCollector
 from gpu_monitor.fabric.scheduler import FabricScheduler
 from gpu_monitor.fabric.scheduler_settings import SchedulerSettings
+from tests.fabric.fake_cluster import FLOOR
 
 RACK = "topology.kubernetes.io/rack"
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from fake_cluster import probe_summary
 
 from gpu_monitor.fabric.idle import NodeFacts
 from gpu_monitor.fabric.lease import micro_time
 from gpu_monitor.fabric.plan import Group, plan_groups, probe_state
+from tests.fabric.fake_cluster import probe_summary
 
 RACK, RAIL = "topology.kubernetes.io/rack", "nvidia.com/rail"
 

@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-# The fake's modules live beside this file, with no package (tests/ has no __init__.py).
-_HERE = str(Path(__file__).resolve().parent)
-if _HERE not in sys.path:
-    sys.path.insert(0, _HERE)
-
-from fake_apiserver import FakeApiServer  # noqa: E402
+from tests.kube.fake_apiserver import FakeApiServer
 
 
 @pytest.fixture

@@ -42,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fake_apiserver_api import (
+from tests.kube.fake_apiserver_api import (
     APPLY_PATCH,
     BUILTIN_RESOURCES,
     EVICTION_BLOCKED,
@@ -80,8 +80,8 @@ from fake_apiserver_api import (
     to_view,
     too_many_requests,
 )
-from fake_apiserver_http import FakeHTTPServer, FakeRequestHandler, HttpFrontMixin
-from fake_apiserver_patch import (
+from tests.kube.fake_apiserver_http import FakeHTTPServer, FakeRequestHandler, HttpFrontMixin
+from tests.kube.fake_apiserver_patch import (
     PatchError,
     apply_json_patch,
     apply_merge_patch,
@@ -89,7 +89,7 @@ from fake_apiserver_patch import (
     decode_json,
     json_equal,
 )
-from fake_apiserver_seed import SeedingMixin
+from tests.kube.fake_apiserver_seed import SeedingMixin
 
 __all__ = [
     "EVICTION_BLOCKED",

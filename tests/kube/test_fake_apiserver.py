@@ -14,17 +14,22 @@ import urllib.request
 
 import pytest
 import urllib3
-from fake_apiserver import ApiError, FakeApiServer, parse_field_selector, parse_label_selector
-from fake_apiserver_patch import (
+from kubernetes import client, watch
+from kubernetes.client import ApiException
+
+from tests.kube.fake_apiserver import (
+    ApiError,
+    FakeApiServer,
+    parse_field_selector,
+    parse_label_selector,
+)
+from tests.kube.fake_apiserver_patch import (
     PatchError,
     apply_json_patch,
     apply_merge_patch,
     apply_strategic_merge_patch,
     json_equal,
 )
-from kubernetes import client, watch
-from kubernetes.client import ApiException
-
 from tests.waiting import eventually
 
 GPU_GROUP, GPU_VERSION, GPU_PLURAL = "gpu-monitor.io", "v1alpha1", "gpuhealthreports"

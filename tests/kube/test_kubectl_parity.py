@@ -16,8 +16,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from fake_apiserver import EVICTION_BLOCKED, MIRROR_ANNOTATION, FakeApiServer
-from fake_apiserver_kubectl import (
+
+from tests.kube.fake_apiserver import EVICTION_BLOCKED, MIRROR_ANNOTATION, FakeApiServer
+from tests.kube.fake_apiserver_kubectl import (
     DRAIN_NODE,
     KUBECTL_PACKAGE,
     TRACE_API_GROUPS,

@@ -6,7 +6,6 @@ HTTP on 127.0.0.1; these helpers only seed it and build the pieces under test ar
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -14,12 +13,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-_KUBE = str(Path(__file__).resolve().parent.parent / "kube")
-if _KUBE not in sys.path:
-    sys.path.insert(0, _KUBE)
-
-import fake_apiserver_http  # noqa: E402
-from fake_apiserver import FakeApiServer  # noqa: E402
+from tests.kube import fake_apiserver_http
+from tests.kube.fake_apiserver import FakeApiServer
 
 # The fake answers in two writes (headers, then body) on a socket with Nagle's algorithm on, so
 # with the client's delayed ACK every keep-alive request waits ~40 ms. The real apiserver (Go's
@@ -38,6 +33,7 @@ from gpu_monitor.remediate.remediator import Remediator  # noqa: E402
 from gpu_monitor.remediate.settings import Timing  # noqa: E402
 from gpu_monitor.state import Store  # noqa: E402
 
+NODE = "gpu-node-1"  # the node the daemon under test runs on
 NAMESPACE = "gpu-monitor"
 BREAKER = "gpu-monitor-breaker"
 TAINT_KEY = "gpu-monitor.io/unhealthy"
@@ -135,7 +131,7 @@ class Resets:
 TIMING_FIELDS = frozenset(Timing.__dataclass_fields__)
 
 
-def remediator(fake: FakeApiServer, root: Path, node: str = "gpu-node-1", *, store=None,
+def remediator(fake: FakeApiServer, root: Path, node: str = NODE, *, store=None,
                cfg=None, clock: Clock | None = None, drain: DrainPolicy = FAST_DRAIN,
                holders=None, resets: Resets | None = None, retest=None, **kw: Any) -> Remediator:
     """A Remediator on the fake apiserver (its Kubernetes delivery) and a host tree under

@@ -12,17 +12,14 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from remediate_helpers import NAMESPACE, config, host_paths, xid  # noqa: E402
-
-from gpu_monitor.clock import Clock  # noqa: E402
-from gpu_monitor.host_actuator import HostActuator  # noqa: E402
-from gpu_monitor.remediate.k8s.delivery import KubeDelivery  # noqa: E402
-from gpu_monitor.remediate.k8s.drain import DrainPolicy  # noqa: E402
-from gpu_monitor.remediate.remediator import Remediator  # noqa: E402
-from gpu_monitor.remediate.settings import Timing  # noqa: E402
-from gpu_monitor.state import Store  # noqa: E402
+from gpu_monitor.clock import Clock
+from gpu_monitor.host_actuator import HostActuator
+from gpu_monitor.remediate.k8s.delivery import KubeDelivery
+from gpu_monitor.remediate.k8s.drain import DrainPolicy
+from gpu_monitor.remediate.remediator import Remediator
+from gpu_monitor.remediate.settings import Timing
+from gpu_monitor.state import Store
+from tests.remediate.remediate_helpers import NAMESPACE, config, host_paths, xid
 
 
 def main() -> int:

@@ -1,0 +1,186 @@
+"""Every manifest in daemonset/ is a valid Kubernetes object, and the kustomization holds together.
+
+Core objects are validated against the Kubernetes OpenAPI schemas (``kubernetes-validate``,
+strict: an unknown field is an error) for the oldest supported version and the newest one the
+package knows; the admission component from 1.30 on. Prometheus Operator objects have no
+schema there: tests/deploy/test_monitoring.py checks them structurally.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.deploy.deploy_helpers import (
+    COMPONENTS,
+    DEPLOY,
+    KUSTOMIZATION_NAMES,
+    MIN_KUBERNETES,
+    MIN_KUBERNETES_ADMISSION,
+    NAMESPACE,
+    base_objects,
+    component_dirs,
+    find,
+    load_yaml_documents,
+    manifest_files,
+    objects,
+    overlay,
+    render,
+)
+
+#: Kinds served by the Kubernetes API itself (validated); everything else is a custom resource.
+CORE_API_GROUPS = ("v1", "apps/", "rbac.authorization.k8s.io/", "scheduling.k8s.io/",
+                   "apiextensions.k8s.io/", "admissionregistration.k8s.io/")
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass",
+                  "CustomResourceDefinition", "ValidatingAdmissionPolicy",
+                  "ValidatingAdmissionPolicyBinding"}
+COMPONENT_NAMES = sorted(component_dirs())
+
+
+def _kubernetes_validate():
+    return pytest.importorskip(
+        "kubernetes_validate",
+        reason="kubernetes-validate is not installed (pip install kubernetes-validate; it is "
+               "in the test extra): manifests are not checked against the Kubernetes schemas")
+
+
+def _is_core(doc: dict) -> bool:
+    api = doc["apiVersion"]
+    return api == "v1" or api.startswith(CORE_API_GROUPS[1:])
+
+
+def _versions(kv, minimum: str) -> list[str]:
+    return sorted({minimum, kv.latest_version()}, key=lambda v: tuple(map(int, v.split("."))))
+
+
+def _validate(kv, doc: dict, minimum: str, where: str) -> None:
+    for version in _versions(kv, minimum):
+        try:
+            kv.validate(doc, version, strict=True)
+        except kv.ValidationError as exc:
+            path = "/".join(str(p) for p in exc.path)
+            pytest.fail(f"{where}: {doc['kind']}/{doc['metadata']['name']} is invalid for "
+                        f"Kubernetes {version} at {path or '.'}: {exc.message}")
+
+
+def _label(path: Path) -> str:
+    return str(path.relative_to(DEPLOY))
+
+
+BASE_FILES = manifest_files()
+COMPONENT_FILES = [p for d in component_dirs().values() for p in manifest_files(d)]
+
+
+@pytest.mark.parametrize("path", BASE_FILES + COMPONENT_FILES, ids=_label)
+def test_every_manifest_file_parses_into_named_objects(path):
+    docs = load_yaml_documents(path)
+    assert docs, f"{path} holds no object"
+    for doc in docs:
+        assert doc.get("apiVersion") and doc.get("kind"), f"{path}: object without apiVersion/kind"
+        assert doc.get("metadata", {}).get("name"), f"{path}: {doc['kind']} without a name"
+
+
+@pytest.mark.parametrize("path", BASE_FILES, ids=_label)
+def test_core_manifests_validate_against_the_kubernetes_schemas(path):
+    kv = _kubernetes_validate()
+    for doc in load_yaml_documents(path):
+        if _is_core(doc):
+            _validate(kv, doc, MIN_KUBERNETES, _label(path))
+
+
+@pytest.mark.parametrize("path", COMPONENT_FILES, ids=_label)
+def test_component_manifests_validate_against_the_kubernetes_schemas(path):
+    kv = _kubernetes_validate()
+    admission = "own-node-admission" in path.parts  # needs ValidatingAdmissionPolicy v1
+    for doc in load_yaml_documents(path):
+        if _is_core(doc):
+            _validate(kv, doc, MIN_KUBERNETES_ADMISSION if admission else MIN_KUBERNETES,
+                      _label(path))
+
+
+def test_the_schema_validation_rejects_a_broken_daemonset():
+    kv = _kubernetes_validate()
+    ds = find(base_objects(), "DaemonSet", "gpu-monitor")
+    ds["spec"]["template"]["spec"]["hostPid"] = True  # misspelt: hostPID
+    with pytest.raises(kv.ValidationError):
+        kv.validate(ds, MIN_KUBERNETES, strict=True)
+
+
+def test_namespaced_objects_live_in_the_gpu_monitor_namespace():
+    for doc in objects(BASE_FILES + COMPONENT_FILES):
+        ns = doc["metadata"].get("namespace")
+        if doc["kind"] in CLUSTER_SCOPED:
+            assert ns is None, f"{doc['kind']}/{doc['metadata']['name']} is cluster-scoped"
+        else:
+            assert ns == NAMESPACE, f"{doc['kind']}/{doc['metadata']['name']} namespace {ns!r}"
+
+
+def test_the_kustomization_lists_every_manifest_and_only_existing_files():
+    kust = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    listed = {DEPLOY / r for r in kust["resources"]}
+    for r in listed:
+        assert r.is_file(), f"kustomization.yaml lists {r.name}, which does not exist"
+    assert set(manifest_files()) == listed, (
+        "objects in daemonset/ and kustomization.yaml resources differ: "
+        f"{sorted(p.name for p in set(manifest_files()) ^ listed)}")
+    for gen in kust.get("configMapGenerator", []):
+        for f in gen.get("files", []):
+            assert (DEPLOY / f.split("=", 1)[-1]).is_file(), f"configMapGenerator file {f}"
+
+
+def test_every_directory_of_components_is_a_kustomize_component():
+    for path in sorted(COMPONENTS.iterdir()):
+        if path.is_dir():
+            assert str(path.relative_to(DEPLOY)) in component_dirs(), (
+                f"{path.relative_to(DEPLOY)} has no kustomization.yaml of kind Component")
+
+
+@pytest.mark.parametrize("component", COMPONENT_NAMES)
+def test_every_component_lists_exactly_its_manifests(component):
+    root = component_dirs()[component]
+    kust_path = next(root / n for n in KUSTOMIZATION_NAMES if (root / n).exists())
+    kust = yaml.safe_load(kust_path.read_text())
+    listed = {root / r for r in kust.get("resources", [])}
+    for r in listed:
+        assert r.is_file(), f"{component}: {r.name} does not exist"
+    assert listed == set(manifest_files(root)), f"{component}: unlisted or missing manifests"
+    for p in kust.get("patches", []):
+        if "path" in p:
+            assert (root / p["path"]).is_file(), f"{component}: {p['path']}"
+    for gen in kust.get("configMapGenerator", []):
+        for f in gen.get("files", []):
+            assert (root / f.split("=", 1)[-1]).is_file(), f"{component}: {f}"
+
+
+def test_kustomize_renders_the_base_into_valid_objects():
+    rendered = render(DEPLOY)
+    kinds = sorted({d["kind"] for d in rendered})
+    for kind in ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
+                 "RoleBinding", "ConfigMap", "CustomResourceDefinition", "DaemonSet",
+                 "PriorityClass", "Service", "ServiceMonitor", "PrometheusRule"):
+        assert kind in kinds, f"the rendered base has no {kind}"
+    ds = find(rendered, "DaemonSet", "gpu-monitor")
+    config_volume = next(v for v in ds["spec"]["template"]["spec"]["volumes"]
+                         if v["name"] == "config")
+    generated = config_volume["configMap"]["name"]
+    assert generated.startswith("gpu-monitor-config-"), "the config ConfigMap name has no hash"
+    config_map = find(rendered, "ConfigMap", generated)
+    assert config_map["data"]["config.yaml"] == (DEPLOY / "config.yaml").read_text(), (
+        "the DaemonSet reads /etc/gpu-monitor/config.yaml: the key must be config.yaml")
+    kv = _kubernetes_validate()
+    for doc in rendered:
+        if _is_core(doc):
+            _validate(kv, doc, MIN_KUBERNETES, "kubectl kustomize daemonset/")
+
+
+def test_kustomize_renders_every_component_together(tmp_path):
+    rendered = render(overlay(tmp_path, COMPONENT_NAMES))
+    kinds = {d["kind"] for d in rendered}
+    assert {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} <= kinds
+    assert not {"ServiceMonitor", "PrometheusRule"} & kinds, "no-prometheus-operator kept them"
+    kv = _kubernetes_validate()
+    for doc in rendered:
+        if _is_core(doc):
+            _validate(kv, doc, MIN_KUBERNETES_ADMISSION, "base + every component")

@@ -1,0 +1,176 @@
+"""Scraping and alerting: the ServiceMonitor finds the daemons, the alerts are correct PromQL,
+cover what an operator must be paged for, read only metrics that exist, and behave as intended
+under ``promtool test rules``.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from tests.deploy.deploy_helpers import (
+    DOCS,
+    NAMESPACE,
+    base_objects,
+    find,
+    golden_metric_names,
+    heading_anchors,
+    installed_tool,
+    iter_rules,
+    promql_metric_names,
+    remediation_metric_names,
+)
+
+PROMTOOL_TESTS = Path(__file__).resolve().parent / "promtool" / "alerts_test.yaml"
+
+#: What the issue requires an alert for -> the alert(s) that cover it.
+REQUIRED_ALERTS = {
+    "node quarantined": {"GPUNodeQuarantined"},
+    "breaker tripped": {"GPUMonitorBreakerTripped"},
+    "hardware XID": {"GPUHardwareXid"},
+    "RDMA downtime over budget": {"GPURdmaDowntimeOverBudget"},
+    "sustained throttling": {"GPUThrottlingSustained"},
+    "SDC alarm": {"GPUSilentDataCorruption"},
+    "daemon down or not scraped": {"GPUMonitorDown", "GPUMonitorNotScraped"},
+    "a check failing to run": {"GPUMonitorCheckNotRunning"},
+    "bootstrap failed": {"GPUBootstrapFailed"},
+}
+#: Metrics that come from elsewhere: Prometheus itself and kube-state-metrics.
+EXTERNAL_METRICS = {"up", "kube_daemonset_status_number_unavailable", "kube_node_spec_taint"}
+SEVERITIES = {"critical", "warning", "info"}
+
+
+def _rule_object():
+    return find(base_objects(), "PrometheusRule", "gpu-monitor")
+
+
+def _alerts() -> dict[str, dict]:
+    return {r["alert"]: r for _g, r in iter_rules(_rule_object())}
+
+
+def _promtool() -> str:
+    return installed_tool("promtool", "promtool is not installed (Debian package prometheus): "
+                          "the alert rules are not unit-tested")
+
+
+def _extract(tmp_path: Path) -> Path:
+    """The PrometheusRule's groups as a plain Prometheus rules file, beside the test file."""
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump({"groups": _rule_object()["spec"]["groups"]},
+                                    sort_keys=False))
+    shutil.copy(PROMTOOL_TESTS, tmp_path / PROMTOOL_TESTS.name)
+    return rules
+
+
+def _anchors(markdown: str) -> set[str]:
+    """The headings' anchors and the explicit ones (``<a id=...>``)."""
+    return heading_anchors(markdown) | set(re.findall(r'<a (?:id|name)="([^"]+)"', markdown))
+
+
+# --- ServiceMonitor ------------------------------------------------------------------------------
+
+
+def test_the_service_monitor_selects_the_metrics_service_and_labels_series_with_the_node():
+    docs = base_objects()
+    sm = find(docs, "ServiceMonitor", "gpu-monitor")
+    service = find(docs, "Service", "gpu-monitor")
+    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+    assert sm["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert sm["spec"]["namespaceSelector"]["matchNames"] == [NAMESPACE]
+    (endpoint,) = sm["spec"]["endpoints"]
+    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert endpoint["path"] == "/metrics"
+    relabel = {r.get("targetLabel"): r for r in endpoint["relabelings"]}
+    for label in ("node", "instance"):
+        assert relabel[label]["sourceLabels"] == ["__meta_kubernetes_pod_node_name"]
+    # the alerts select job="gpu-monitor": the Prometheus Operator's job label is the Service name
+    assert "jobLabel" not in sm["spec"] and service["metadata"]["name"] == "gpu-monitor"
+
+
+# --- PrometheusRule: structure --------------------------------------------------------------------
+
+
+def test_every_alert_has_severity_summary_description_and_a_runbook_section():
+    runbook = DOCS / "runbook.md"
+    assert runbook.is_file(), "docs/runbook.md is missing"
+    anchors = _anchors(runbook.read_text(encoding="utf-8"))
+    rule = _rule_object()
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    for name, alert in _alerts().items():
+        assert alert["labels"]["severity"] in SEVERITIES, name
+        ann = alert["annotations"]
+        assert ann["summary"] and ann["description"], name
+        doc, _, anchor = ann["runbook_url"].partition("#")
+        assert doc == "docs/runbook.md", f"{name}: runbook_url {ann['runbook_url']}"
+        assert anchor in anchors, f"{name}: docs/runbook.md has no section #{anchor}"
+
+
+def test_every_required_alarm_has_an_alert():
+    alerts = set(_alerts())
+    for what, names in REQUIRED_ALERTS.items():
+        assert names <= alerts, f"no alert for {what}: missing {sorted(names - alerts)}"
+
+
+def test_alerts_read_only_metrics_that_exist():
+    known = golden_metric_names() | remediation_metric_names() | EXTERNAL_METRICS
+    for name, alert in _alerts().items():
+        used = promql_metric_names(alert["expr"])
+        assert used, f"{name}: no metric found in its expression"
+        unknown = used - known
+        assert not unknown, f"{name} reads metrics gpu-monitor does not expose: {sorted(unknown)}"
+
+
+def test_the_metric_name_extraction_sees_through_promql_syntax():
+    expr = ('sum by (node, code) (increase(foo_total{code=~"4[0-9]", a="b c"}[15m] offset 1h)) '
+            '> 0.25 or on (node) bar unless baz offset 5m and time() - 1e3')
+    assert promql_metric_names(expr) == {"foo_total", "bar", "baz"}
+
+
+# --- PrometheusRule: promtool -----------------------------------------------------------------------
+
+
+def test_promtool_accepts_the_extracted_rule_groups(tmp_path):
+    promtool = _promtool()
+    rules = _extract(tmp_path)
+    out = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_promtool_unit_tests_of_every_alert_pass(tmp_path):
+    promtool = _promtool()
+    _extract(tmp_path)
+    out = subprocess.run([promtool, "test", "rules", PROMTOOL_TESTS.name], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_promtool_unit_tests_fail_when_an_alert_is_broken(tmp_path):
+    promtool = _promtool()
+    rules = _extract(tmp_path)
+    broken = yaml.safe_load(rules.read_text())
+    for group in broken["groups"]:
+        for rule in group["rules"]:
+            if rule["alert"] == "GPUHardwareXid":
+                rule["expr"] = rule["expr"].replace("|79|", "|")
+    rules.write_text(yaml.safe_dump(broken, sort_keys=False))
+    out = subprocess.run([promtool, "test", "rules", PROMTOOL_TESTS.name], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "GPUHardwareXid" in out.stdout + out.stderr
+
+
+def test_every_alert_has_a_firing_case_and_a_quiet_case():
+    spec = yaml.safe_load(PROMTOOL_TESTS.read_text())
+    assert spec["rule_files"] == ["rules.yaml"]
+    firing, quiet = set(), set()
+    for case in spec["tests"]:
+        for t in case.get("alert_rule_test", []):
+            (firing if t["exp_alerts"] else quiet).add(t["alertname"])
+    alerts = set(_alerts())
+    assert alerts - firing == set(), f"alerts never shown firing: {sorted(alerts - firing)}"
+    assert alerts - quiet == set(), f"alerts never shown quiet: {sorted(alerts - quiet)}"
+    assert (firing | quiet) <= alerts, "the test file names alerts that do not exist"

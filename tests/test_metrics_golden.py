@@ -1,0 +1,122 @@
+"""Golden end-to-end test of /metrics: the real daemon on simulated nodes, scraped over loopback.
+
+Non-determinism is removed by injecting the clock (a FakeClock: fixed timestamps, zero
+durations) and a fixed node name (the simulated UUIDs derive from it), never by masking values.
+Rewrite the files with ``python -m pytest tests/test_metrics_golden.py --update-golden``
+and review the diff: it shows every metric change.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.exposition import generate_latest
+
+from gpu_monitor.check import Context
+from gpu_monitor.clock import FakeClock
+from gpu_monitor.config import DEFAULT_CONFIG
+from gpu_monitor.daemon import Daemon, build_registry
+from gpu_monitor.exporter import Exporter
+from gpu_monitor.model import Kind
+from gpu_monitor.profiles import load_profile
+from gpu_monitor.registry import all_check_classes, select
+from gpu_monitor.sim.inject import parse
+from gpu_monitor.sim.node import SimulatedNode
+from gpu_monitor.state import Store
+from tests.conftest import REPO
+
+GOLDEN = REPO / "tests" / "golden"
+
+SCENARIOS = {
+    "h100_healthy": ("h100-sxm-8", []),
+    "h100_faulty": ("h100-sxm-8", [
+        "xid@gpu:3,code=79", "xid@gpu:1,code=13", "sxid@nvswitch:0,code=20034,fatal=1",
+        "port-down@ib:mlx5_0:1,after=0,for=20", "aer@gpu:2,kind=nonfatal",
+        "throttle@gpu:5,event=hw_thermal_slowdown", "hot@gpu:6,core=95,memory=99",
+        "nvlink-down@gpu:0,link=4", "row-remap-pending@gpu:2",
+    ]),
+    "cpu_only": ("cpu-only", []),
+}
+
+
+def scrape(scenario: str, tmp_path: Path) -> str:
+    profile_name, faults = SCENARIOS[scenario]
+    profile = load_profile(profile_name)
+    node = SimulatedNode(profile, [parse(f) for f in faults], hostname="golden-node")
+    clock = FakeClock()
+    store = Store.open(str(tmp_path / "state.db"), clock=clock)
+    classes = [c for c in select(all_check_classes(plugins=False), kinds={Kind.PASSIVE})]
+    ctx = Context(host=node.host(), profile=profile.for_simulation(), config=DEFAULT_CONFIG,
+                  node="golden-node", clock=clock, store=store, one_shot=False)
+    daemon = Daemon([c() for c in classes], ctx)
+    exporter = None
+    try:
+        daemon.open_kmsg()
+        daemon.tick(wait=True)
+        # Ten seconds later (an outage in progress, windows filling), a second round of polls.
+        clock.advance(10)
+        node.advance(10)
+        daemon.pump_kmsg()
+        for check in daemon.poll_checks:
+            daemon.next_due[check.name] = clock.monotonic()
+        daemon.tick(wait=True)
+        registry = build_registry(daemon, store, classes, clock)
+        exporter = Exporter(registry, daemon.health)
+        host, port = exporter.start("127.0.0.1:0")
+        with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as resp:
+            assert resp.status == 200
+            text = resp.read().decode()
+        # Our lean renderer is held to prometheus_client's reference output.
+        assert text == generate_latest(registry).decode()
+        return text
+    finally:
+        if exporter:
+            exporter.stop()
+        daemon.shutdown()
+        store.close()
+        node.close()
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_metrics_match_golden(scenario, tmp_path, update_golden):
+    text = scrape(scenario, tmp_path)
+    path = GOLDEN / f"{scenario}.prom"
+    if update_golden or not path.exists():
+        if not update_golden:
+            pytest.fail(f"{path} is missing: run with --update-golden and commit it")
+        path.write_text(text)
+    assert text == path.read_text(), (
+        f"/metrics differs from {path.name}; if the change is intended, rerun with "
+        "--update-golden and review the diff")
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_golden_files_pass_promtool(scenario):
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (Debian package prometheus)")
+    path = GOLDEN / f"{scenario}.prom"
+    out = subprocess.run([promtool, "check", "metrics"], input=path.read_bytes(),
+                         capture_output=True, timeout=60)
+    assert out.returncode == 0 and not out.stdout.strip() and not out.stderr.strip(), (
+        out.stdout.decode() + out.stderr.decode())
+
+
+def test_faulty_scenario_shows_the_faults():
+    text = (GOLDEN / "h100_faulty.prom").read_text()
+    assert 'gpu_monitor_xid_events_total{code="79",gpu="3"' in text
+    assert 'gpu_monitor_check_status{check="xid",status="failed",target="gpu:3"} 1.0' in text
+    assert 'gpu_monitor_rdma_port_state{device="mlx5_0",port="1",state="down"} 1.0' in text
+    assert 'gpu_monitor_rdma_port_down_seconds_total{device="mlx5_0",port="1"} 10.0' in text
+
+
+def test_every_declared_reason_is_present_at_start():
+    text = (GOLDEN / "h100_healthy.prom").read_text()
+    for cls in select(all_check_classes(plugins=False), kinds={Kind.PASSIVE}):
+        for reason in cls.all_reasons():
+            assert f'gpu_monitor_check_results_total{{check="{cls.name}",reason="{reason}"}}' \
+                in text
