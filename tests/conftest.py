@@ -66,3 +66,25 @@ def _restore_root_logging():
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
+
+
+_GUARDED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_are_left_as_found():
+    """A test that runs a command in-process must leave the process's signal handlers as it
+    found them: a handler left behind (a daemon's ``stop``) would swallow a later test's
+    Ctrl-C. The handler is put back, and the test that left it fails."""
+    import signal
+
+    before = {name: signal.getsignal(getattr(signal, name)) for name in _GUARDED_SIGNALS}
+    yield
+    changed = []
+    for name, handler in before.items():
+        signum = getattr(signal, name)
+        now = signal.getsignal(signum)
+        if now is not handler:
+            changed.append(f"{name}: {handler!r} -> {now!r}")
+            signal.signal(signum, handler)
+    assert not changed, "the test left signal handlers changed: " + "; ".join(changed)
