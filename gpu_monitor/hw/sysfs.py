@@ -135,6 +135,13 @@ class AerCounters:
     total: int
 
 
+def _below(current: float | None, top: float | None) -> bool | None:
+    """A link trained below its top speed or width; ``None`` when either is unknown."""
+    if current is None or top is None:
+        return None
+    return current < top
+
+
 @dataclass(frozen=True)
 class PciDevice:
     """One PCI function as sysfs shows it. ``None`` = attribute absent or unreadable."""
@@ -170,17 +177,12 @@ class PciDevice:
     @property
     def speed_downgraded(self) -> bool | None:
         """Trained below what both ends support; ``None`` when either side is unknown."""
-        cur, top = self.current_link_speed_gts, self.max_link_speed_gts
-        if cur is None or top is None:
-            return None
-        return cur < top
+        return _below(self.current_link_speed_gts, self.max_link_speed_gts)
 
     @property
     def width_downgraded(self) -> bool | None:
-        cur, top = self.current_link_width, self.max_link_width
-        if cur is None or top is None:
-            return None
-        return cur < top
+        """Trained narrower than both ends support; ``None`` when either side is unknown."""
+        return _below(self.current_link_width, self.max_link_width)
 
     def errors_for(self, *names: str) -> tuple[SysfsReadError, ...]:
         """The read errors of the named attributes (file basenames), for a check that judges
