@@ -1,4 +1,5 @@
-"""Shared helpers for the benchmark scripts (free ports, percentiles, a daemon subprocess)."""
+"""Shared helpers for the benchmark scripts (free ports, percentiles, a daemon subprocess, the
+check-against-a-bare-loop turns)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 
 
 def free_port() -> int:
@@ -51,3 +53,24 @@ def start_daemon(args: list[str], port: int, env=None) -> subprocess.Popen:
 def scrape(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         return r.read().decode()
+
+
+def take_turns(rounds: int, ours: Callable[[], float],
+               bare: Callable[[], float]) -> tuple[list[float], list[float]]:
+    """The check's own measuring code and a bare loop each take one turn a round, alternating
+    which goes first, so load from elsewhere and clock drift hit both alike. Returns each
+    side's measurements, one a round."""
+    mine: list[float] = []
+    theirs: list[float] = []
+    for r in range(rounds):
+        for side in ((0, 1) if r % 2 == 0 else (1, 0)):  # alternate who goes first
+            if side == 0:
+                mine.append(ours())
+            else:
+                theirs.append(bare())
+    return mine, theirs
+
+
+def median_ratio(ours: list[float], bare: list[float]) -> float:
+    """The median of the per-round ratios ours / bare."""
+    return statistics.median(o / b for o, b in zip(ours, bare, strict=True))

@@ -21,6 +21,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench._util import median_ratio, take_turns  # noqa: E402
 from gpu_monitor.host import WorkerSettings  # noqa: E402
 from gpu_monitor.workers.pool import DeviceRef, Task, WorkerPool  # noqa: E402
 
@@ -41,18 +42,17 @@ def interleaved(ctx: Any) -> dict[str, Any]:
         k += 1
     dev.synchronize()
     count = max(1, int(k * seconds / max(time.perf_counter() - t0, 1e-9)))
-    ours, bare = [], []
-    for r in range(int(a["rounds"])):
-        for side in ((0, 1) if r % 2 == 0 else (1, 0)):  # alternate who goes first
-            if side == 0:
-                ours.append(burn.turn(seconds, check_every_s=1.0))
-            else:
-                dev.synchronize()
-                t0 = time.perf_counter()
-                for _ in range(count):
-                    torch.matmul(x, y, out=out)
-                dev.synchronize()
-                bare.append(2.0 * n ** 3 * count / (time.perf_counter() - t0) / 1e12)
+
+    def bare_turn() -> float:
+        dev.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(count):
+            torch.matmul(x, y, out=out)
+        dev.synchronize()
+        return 2.0 * n ** 3 * count / (time.perf_counter() - t0) / 1e12
+
+    ours, bare = take_turns(int(a["rounds"]), lambda: burn.turn(seconds, check_every_s=1.0),
+                            bare_turn)
     return {"ours": ours, "bare": bare}
 
 
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(out.message, out.log_tail[-2000:], file=sys.stderr)
                 return 1
             ours, bare = out.value["ours"], out.value["bare"]
-            ratio = statistics.median(o / b for o, b in zip(ours, bare, strict=True))
+            ratio = median_ratio(ours, bare)
             worst = min(worst, ratio)
             print(f"{dtype:<6} {n:>6} {statistics.median(ours):>10.4g} "
                   f"{statistics.median(bare):>10.4g}  {ratio:.3f}   TFLOP/s")

@@ -22,6 +22,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench._util import median_ratio, take_turns  # noqa: E402
 from gpu_monitor.host import WorkerSettings  # noqa: E402
 from gpu_monitor.nccl import ALL_REDUCE, bus_factor  # noqa: E402
 from gpu_monitor.workers.pool import DeviceRef, Task, WorkerPool  # noqa: E402
@@ -38,20 +39,19 @@ def interleaved(ctx: Any) -> dict[str, Any]:
     me = AllReduceRank(dev, ctx.rank, ctx.world_size, count)
     assert me.verify(count) == 0
     buf = me.work[:count].clone().fill_(1.0)
-    ours, bare = [], []
-    for r in range(int(a["rounds"])):
-        for side in ((0, 1) if r % 2 == 0 else (1, 0)):
-            if side == 0:
-                ours.append(sum(me.timed(count, warmup, iters)) / iters)
-            else:
-                for _ in range(warmup):
-                    dist.all_reduce(buf)
-                dev.synchronize()
-                t0 = time.perf_counter()
-                for _ in range(iters):
-                    dist.all_reduce(buf)
-                dev.synchronize()
-                bare.append((time.perf_counter() - t0) / iters)
+
+    def bare_turn() -> float:
+        for _ in range(warmup):
+            dist.all_reduce(buf)
+        dev.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(buf)
+        dev.synchronize()
+        return (time.perf_counter() - t0) / iters
+
+    ours, bare = take_turns(int(a["rounds"]),
+                            lambda: sum(me.timed(count, warmup, iters)) / iters, bare_turn)
     dist.destroy_process_group()
     return {"ours_s": ours, "bare_s": bare}
 
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     # Per round, the slowest rank's time, as both the check and nccl-tests report it.
     ours = [busbw(max(ts)) for ts in zip(*(o.value["ours_s"] for o in outs), strict=True)]
     bare = [busbw(max(ts)) for ts in zip(*(o.value["bare_s"] for o in outs), strict=True)]
-    ratio = statistics.median(o / b for o, b in zip(ours, bare, strict=True))
+    ratio = median_ratio(ours, bare)
     print(f"device={args.device} world={args.world} bytes={args.bytes} "
           f"iterations={args.iterations} rounds={args.rounds}")
     print(f"busbw GB/s (median)  nccl_allreduce {statistics.median(ours):.4g}  "

@@ -17,7 +17,8 @@ not read, and the checks must agree on them.
    `skipped`. A check that found a real failure with what it could read keeps it (`failed`
    outranks `unknown`) and lists the errors in details.
 5. An active check leaves unusable GPUs (rule 2 or 3) out of its run and says so per GPU
-   (DeviceUnavailable, naming the NVML error).
+   (DeviceUnavailable, naming the NVML error); its workers get its ``timeout_s`` less a
+   margin for reading NVML and judging (``worker_budget``).
 """
 
 from __future__ import annotations
@@ -108,6 +109,14 @@ def active_gpus(check: Check, ctx: Context,
         results.append(check.result(ctx, Status.UNKNOWN, target, "DeviceUnavailable",
                                     f"{target} {left_out}: {why}", details))
     return results, [g for g in gpus if g.identified]
+
+
+def worker_budget(check: Check, ctx: Context) -> float:
+    """The workers' share of an active check's time budget (``timeout_s``, else the check's
+    ``timeout``; the runner stops the check a little after it): what is left is for reading
+    NVML and judging."""
+    budget = float(ctx.setting(check.name, "timeout_s", check.timeout) or check.timeout)
+    return budget - min(5.0, 0.05 * budget)
 
 
 def read_error(check: Check, ctx: Context, target: str, base: dict[str, Any],

@@ -46,6 +46,15 @@ def record_seq(record: KmsgRecord) -> int:
     return record.seq if record.seq is not None else record.line_no
 
 
+def uptime_s(ctx: Context) -> float | None:
+    """Seconds since boot, or None when /proc/uptime cannot be read (best effort, like the
+    boot id: an event then keeps the clock's time, a grace period is not assumed)."""
+    try:
+        return ctx.host.procfs.uptime_s()
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def event_time(record: KmsgRecord, ctx: Context) -> tuple[datetime, bool]:
     """(when it happened, True when the time came from the record rather than the clock)."""
     if record.wallclock is not None:
@@ -53,10 +62,7 @@ def event_time(record: KmsgRecord, ctx: Context) -> tuple[datetime, bool]:
     now = ctx.clock.now()
     if (record.monotonic_s is not None and record.source_format == "kmsg"
             and ctx.host.paths.kmsg_is_device):
-        try:
-            up = ctx.host.procfs.uptime_s()
-        except Exception:  # noqa: BLE001
-            up = None
+        up = uptime_s(ctx)
         if up is not None and 0 <= record.monotonic_s <= up:
             return now - timedelta(seconds=up - record.monotonic_s), True
     return now, False

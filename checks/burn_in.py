@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from checks._gpus import active_gpus
+from checks._gpus import active_gpus, worker_budget
 from gpu_monitor.check import Check, Context, Finding, Setting, worst
 from gpu_monitor.hw.nvml import NvmlError
 from gpu_monitor.model import NODE, Action, Kind, Result, Status, gpu_target
@@ -343,7 +343,7 @@ class BurnIn(Check):
         s = _settings(ctx)
         pool = WorkerPool(ctx.host.worker)
         per_turn = s["duration_s"] / pool.rounds
-        budget = _budget(ctx, self.name, self.timeout)
+        budget = worker_budget(self, ctx)
         args = {k: s[k] for k in ("matrix_size", "dtypes", "duration_s", "reference_block",
                                   "reference_interval_s")} | {"seed": SEED}
         telemetry = Telemetry(nvml, [r.index for r in refs])
@@ -414,13 +414,6 @@ class BurnIn(Check):
                                     "message": f.message} for f in findings]
         return self.result(ctx, top.status, target, top.reason, f"{target}: {top.message}",
                            details, top.action)
-
-
-def _budget(ctx: Context, name: str, default: float) -> float:
-    """The workers' share of the check's time budget (``timeout_s``; the runner stops the
-    check a little after it): what is left is for reading NVML and judging."""
-    budget = float(ctx.setting(name, "timeout_s", default) or default)
-    return budget - min(5.0, 0.05 * budget)
 
 
 def _settings(ctx: Context) -> dict[str, Any]:

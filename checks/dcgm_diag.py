@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from checks._tool_output import output_tail
 from gpu_monitor.check import Check, Context, Setting
 from gpu_monitor.hw import dcgm
 from gpu_monitor.hw.dcgm import DcgmParseError, DiagResult, DiagStatus, worst_diag_status
@@ -41,12 +42,6 @@ from gpu_monitor.profiles.schema import Nullable, Str
 LEVEL_TIMEOUT_S = {1: 180.0, 2: 900.0, 3: 2700.0, 4: 7200.0}
 # dcgm_errors.h severities that say what to do with the GPU.
 SEVERITY_ACTIONS = {6: Action.RESET_GPU, 2: Action.REPLACE}
-_TAIL = 600
-
-
-def _tail(text: str) -> str:
-    text = text.strip()
-    return text if len(text) <= _TAIL else "..." + text[-_TAIL:]
 
 
 class DcgmDiag(Check):
@@ -99,7 +94,7 @@ class DcgmDiag(Check):
             return [self.result(
                 ctx, Status.UNKNOWN, NODE, "DcgmTimeout",
                 f"dcgmi diag -r {level} did not finish within {timeout:g} s (killed)",
-                {**base, "timeout_s": timeout, "output_tail": _tail(out.stdout + out.stderr)})]
+                {**base, "timeout_s": timeout, "output_tail": output_tail(out.stdout + out.stderr)})]
         if out.returncode is None:
             return [self.result(ctx, Status.UNKNOWN, NODE, "DcgmError",
                                 f"dcgmi could not be started: {out.error}", base)]
@@ -120,7 +115,7 @@ class DcgmDiag(Check):
     def _no_report(self, ctx: Context, text: str, exc: DcgmParseError, host: Any,
                    details: dict[str, Any]) -> Result:
         conn = dcgm.connection_error(text)
-        details = {**details, "output_tail": _tail(text)}
+        details = {**details, "output_tail": output_tail(text)}
         if conn and not host:
             return self.result(
                 ctx, Status.SKIPPED, NODE, "DcgmUnavailable",

@@ -33,12 +33,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from checks._findings import TargetFindings
 from checks._gpus import enumeration_error, unidentified
 from gpu_monitor.check import Check, ClearTracker, Context, Setting
 from gpu_monitor.hw.nvml import GpuInfo, NvmlError, NvmlErrorKind
 from gpu_monitor.model import (
     ACTION_SEVERITY,
-    STATUS_SEVERITY,
     Action,
     Kind,
     Result,
@@ -69,18 +69,11 @@ SETTINGS = {
 
 
 @dataclass
-class _Gpu:
+class _Gpu(TargetFindings):
     """Findings for one GPU while it is being examined."""
 
-    problems: list[tuple[Status, str, str, Action]] = field(default_factory=list)
-    details: dict[str, Any] = field(default_factory=dict)
     not_supported: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
     supported: int = 0
-
-    def add(self, status: Status, reason: str, message: str,
-            action: Action = Action.NONE) -> None:
-        self.problems.append((status, reason, message, action))
 
 
 class EccMemory(Check):
@@ -238,11 +231,7 @@ class EccMemory(Check):
         details = {**st.details, "not_supported": st.not_supported}
         if st.errors:
             details["nvml_errors"] = st.errors
-        if st.problems:
-            details["problems"] = [{"status": str(s), "reason": r, "message": m}
-                                   for s, r, m, _ in st.problems]
-        worst = max(st.problems, key=lambda p: (STATUS_SEVERITY[p[0]], ACTION_SEVERITY[p[3]]),
-                    default=None)
+        worst = st.worst_into(details)
         if worst is not None and worst[0] is Status.FAILED:
             action = max((p[3] for p in st.problems), key=ACTION_SEVERITY.__getitem__)
             return self.result(ctx, Status.FAILED, target, worst[1], _message(target, st),

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from checks._gpus import active_gpus
+from checks._gpus import active_gpus, worker_budget
 from gpu_monitor.check import Check, Context, Finding, Setting
 from gpu_monitor.model import NODE, Action, Kind, Result, Status, gpu_target
 from gpu_monitor.nccl import (
@@ -226,8 +226,7 @@ class NcclAllreduce(Check):
         )
         args = {"sizes": sizes, "iterations": int(get("iterations")),
                 "warmup_iterations": int(get("warmup_iterations"))}
-        budget = float(get("timeout_s", self.timeout) or self.timeout)
-        budget -= min(5.0, 0.05 * budget)  # the rest is for judging
+        budget = worker_budget(self, ctx)
         pool = WorkerPool(ctx.host.worker)
         outcomes = pool.run([Task("checks.nccl_allreduce:allreduce_worker", (r,), args)
                              for r in refs], timeout_s=600.0, budget_s=budget, gang=True)

@@ -21,7 +21,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from checks._gpus import active_gpus, error_details
+from checks._gpus import active_gpus, error_details, worker_budget
 from gpu_monitor.check import Check, Context, Setting
 from gpu_monitor.hw.nvml import NvmlError, NvmlErrorKind
 from gpu_monitor.model import NODE, Action, Kind, Result, Status, gpu_target, nvlink_target
@@ -135,8 +135,7 @@ class NvlinkPeer(Check):
         if len(refs) >= 2:
             args = {"copy_bytes": int(get("copy_bytes")), "repeats": int(get("repeats"))}
             pool = WorkerPool(ctx.host.worker)
-            budget = float(get("timeout_s", self.timeout) or self.timeout)
-            budget -= min(5.0, 0.05 * budget)  # the rest is for the counters and judging
+            budget = worker_budget(self, ctx)  # the rest is for the counters and judging
             task = Task("checks.nvlink_peer:peer_worker", tuple(refs), args,
                         label="peer copies")
             (outcome,) = pool.run([task], timeout_s=600.0, budget_s=budget, rounds=1)

@@ -42,6 +42,7 @@ from checks._kmsg_events import (
     follower_unread,
     offline_aware_scan,
     record_seq,
+    uptime_s,
 )
 from gpu_monitor.check import Check, ClearTracker, Context, Setting
 from gpu_monitor.hw.kmsg.record import KmsgGap, KmsgRecord
@@ -76,6 +77,15 @@ FABRIC_MANAGER = "nv-fabricmanager"
 FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
 NONFATAL_WINDOW_S = 3600.0
 BOOT_GRACE_S = 300.0
+
+
+def _switch_addresses(ctx: Context) -> list[str]:
+    """The NVSwitches' PCI addresses, sorted: ``nvswitch:<i>`` is the i-th (none when sysfs
+    cannot list them)."""
+    try:
+        return sorted(d.address for d in ctx.host.sysfs.nvidia_switches())
+    except Exception:  # noqa: BLE001
+        return []
 
 
 def sxid_event_samples(results: Sequence[LatestResult], history: MetricsHistory
@@ -176,10 +186,7 @@ class NvSwitch(Check):
     def _target(self, ev: SxidEvent, ctx: Context) -> str:
         if ev.switch_index is not None:
             return nvswitch_target(ev.switch_index)
-        try:
-            switches = sorted(d.address for d in ctx.host.sysfs.nvidia_switches())
-        except Exception:  # noqa: BLE001
-            switches = []
+        switches = _switch_addresses(ctx)
         if ev.pci in switches:
             return nvswitch_target(switches.index(ev.pci))
         return pcie_target(ev.pci)
@@ -243,10 +250,7 @@ class NvSwitch(Check):
         now = ctx.clock.now()
         boot = boot_id(ctx)
         window = float(ctx.setting(self.name, "nonfatal_window_s"))
-        try:
-            switches = sorted(d.address for d in ctx.host.sysfs.nvidia_switches())
-        except Exception:  # noqa: BLE001
-            switches = []
+        switches = _switch_addresses(ctx)
         targets = {nvswitch_target(i): pci for i, pci in enumerate(switches)}
         problems = self._open.current(ctx, lambda p: self._still_open(p, boot, now, window))
         results = []
@@ -279,10 +283,7 @@ class NvSwitch(Check):
 
     def _in_grace(self, ctx: Context) -> tuple[bool, float | None, float]:
         grace = float(ctx.setting(self.name, "boot_grace_s", BOOT_GRACE_S))
-        try:
-            up = ctx.host.procfs.uptime_s()
-        except Exception:  # noqa: BLE001
-            up = None
+        up = uptime_s(ctx)
         return (up is not None and up < grace), up, grace
 
     def _fabric(self, ctx: Context) -> list[Result]:

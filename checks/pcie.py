@@ -42,17 +42,16 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from checks._findings import TargetFindings
 from checks._gpus import ABSENT, enumeration_error, error_details, unidentified
 from gpu_monitor.check import Check, Context, Setting
 from gpu_monitor.hw.nvml import GpuInfo, NvmlError
 from gpu_monitor.hw.sysfs import PciDevice, pcie_gen
 from gpu_monitor.model import (
-    ACTION_SEVERITY,
     NODE,
-    STATUS_SEVERITY,
     Action,
     Kind,
     Result,
@@ -65,17 +64,6 @@ from gpu_monitor.profiles.schema import BYTES, POSITIVE_INT, SECONDS
 from gpu_monitor.workers.pool import WORKER_REASONS, DeviceRef, Task, WorkerPool
 
 _GPU_IDLE = 0x1  # nvmlClocksEventReasonGpuIdle
-
-
-@dataclass
-class _Findings:
-    problems: list[tuple[Status, str, str, Action]] = field(default_factory=list)
-    details: dict[str, Any] = field(default_factory=dict)
-    errors: list[str] = field(default_factory=list)
-
-    def add(self, status: Status, reason: str, message: str,
-            action: Action = Action.NONE) -> None:
-        self.problems.append((status, reason, message, action))
 
 
 @dataclass(frozen=True)
@@ -189,7 +177,7 @@ class Pcie(Check):
              replays_before: tuple[int | None, NvmlError | None] | None,
              copy: dict[str, Any] | None) -> Result:
         target = gpu_target(gpu.index)
-        f = _Findings(details={"uuid": gpu.uuid, "pci_bus_id": gpu.pci_bus_id})
+        f = TargetFindings(details={"uuid": gpu.uuid, "pci_bus_id": gpu.pci_bus_id})
         if gpu.lost:
             return self.result(ctx, Status.UNKNOWN, target, "NvmlReadError",
                                f"{target} is lost (NVML GPU_IS_LOST)",
@@ -230,7 +218,7 @@ class Pcie(Check):
             self._copy(ctx, f, copy)
         return self._verdict(ctx, target, f)
 
-    def _replays(self, ctx: Context, f: _Findings, index: int,
+    def _replays(self, ctx: Context, f: TargetFindings, index: int,
                  before_read: tuple[int | None, NvmlError | None] | None) -> None:
         before, before_error = before_read or (None, None)
         after, after_error = _replays(ctx, index)
@@ -249,7 +237,7 @@ class Pcie(Check):
             f.add(Status.DEGRADED, "PcieReplays",
                   f"{increase} PCIe replays during the check (> {limit})", Action.WATCH)
 
-    def _topology(self, ctx: Context, f: _Findings, gpu: GpuInfo, dev: PciDevice | None,
+    def _topology(self, ctx: Context, f: TargetFindings, gpu: GpuInfo, dev: PciDevice | None,
                   nics: list[_Nic]) -> None:
         numa = _numa(ctx, f, gpu.index, dev)
         f.details["numa_node"] = numa
@@ -272,8 +260,9 @@ class Pcie(Check):
 
     def _nic(self, ctx: Context, nic: _Nic, before: PciDevice | None) -> Result:
         target = pcie_target(nic.address)
-        f = _Findings(details={"pci_address": nic.address, "rdma_devices": list(nic.devices),
-                               "numa_node": nic.numa_node})
+        f = TargetFindings(details={"pci_address": nic.address,
+                                    "rdma_devices": list(nic.devices),
+                                    "numa_node": nic.numa_node})
         now = ctx.host.sysfs.pci_device(nic.address)
         if now is None:
             return self.result(ctx, Status.UNKNOWN, target, "SysfsReadError",
@@ -286,7 +275,7 @@ class Pcie(Check):
     # --- shared --------------------------------------------------------------------------------
 
     @staticmethod
-    def _sysfs_link(f: _Findings, dev: PciDevice | None, label: str = "") -> None:
+    def _sysfs_link(f: TargetFindings, dev: PciDevice | None, label: str = "") -> None:
         """Judge the sysfs current vs max link speed and width."""
         if dev is None:
             return
@@ -309,7 +298,7 @@ class Pcie(Check):
                   f"{label}PCIe link trained below its capability: {', '.join(low)}")
 
     @staticmethod
-    def _aer(f: _Findings, before: PciDevice | None, now: PciDevice | None) -> None:
+    def _aer(f: TargetFindings, before: PciDevice | None, now: PciDevice | None) -> None:
         if now is None:
             return
         for kind, attr in (("fatal", "aer_fatal"), ("nonfatal", "aer_nonfatal"),
@@ -373,7 +362,7 @@ class Pcie(Check):
             return {}
         return {int(c["index"]): c for c in outcome.value.get("copies", [])}
 
-    def _copy(self, ctx: Context, f: _Findings, copy: dict[str, Any]) -> None:
+    def _copy(self, ctx: Context, f: TargetFindings, copy: dict[str, Any]) -> None:
         band = float(ctx.setting(self.name, "warning_band", 0.05) or 0.0)
         f.details["copy_bytes"] = copy["bytes"]
         if copy.get("mismatches"):
@@ -396,15 +385,11 @@ class Pcie(Check):
                       f"pinned {way.upper()} copy {gbps:g} GB/s is within {band:.0%} of the "
                       f"floor {floor:g} GB/s", Action.WATCH)
 
-    def _verdict(self, ctx: Context, target: str, f: _Findings) -> Result:
+    def _verdict(self, ctx: Context, target: str, f: TargetFindings) -> Result:
         details = dict(f.details)
         if f.errors:
             details["read_errors"] = f.errors
-        if f.problems:
-            details["problems"] = [{"status": str(s), "reason": r, "message": m}
-                                   for s, r, m, _ in f.problems]
-        worst = max(f.problems, key=lambda p: (STATUS_SEVERITY[p[0]], ACTION_SEVERITY[p[3]]),
-                    default=None)
+        worst = f.worst_into(details)
         message = f"{target}: " + "; ".join(p[2] for p in f.problems)
         if worst is not None and worst[0] is Status.FAILED:
             return self.result(ctx, Status.FAILED, target, worst[1], message, details, worst[3])
@@ -439,7 +424,7 @@ def _replays(ctx: Context, index: int) -> tuple[int | None, NvmlError | None]:
         return None, err
 
 
-def _idle(ctx: Context, f: _Findings, index: int) -> bool | None:
+def _idle(ctx: Context, f: TargetFindings, index: int) -> bool | None:
     try:
         return bool(ctx.host.nvml.clock_event_reasons(index) & _GPU_IDLE)
     except NvmlError as err:
@@ -448,7 +433,7 @@ def _idle(ctx: Context, f: _Findings, index: int) -> bool | None:
         return None
 
 
-def _numa(ctx: Context, f: _Findings, index: int, dev: PciDevice | None) -> int | None:
+def _numa(ctx: Context, f: TargetFindings, index: int, dev: PciDevice | None) -> int | None:
     """NVML's NUMA node of the GPU, else (a driver without the call) the sysfs one. An NVML
     error is a read error, not a cue to ask sysfs instead: NVML failing on the GPU is news."""
     try:

@@ -30,6 +30,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from checks._tool_output import output_tail
 from gpu_monitor.check import Check, Context, Setting
 from gpu_monitor.hw.command import kill_group
 from gpu_monitor.hw.perftest import BwReport, PerftestParseError, parse_report
@@ -41,12 +42,6 @@ BANNER = "Waiting for client to connect"
 # perftest's Gb/sec is payload; no loopback moves more than the port's data rate. The slack
 # covers rounding in the rate file ("2.5 Gb/sec") and timer jitter, not a faster link.
 RATE_SLACK = 0.05
-_TAIL = 600
-
-
-def _tail(text: str) -> str:
-    text = text.strip()
-    return text if len(text) <= _TAIL else "..." + text[-_TAIL:]
 
 
 class _Drain:
@@ -221,7 +216,7 @@ class RdmaLoopback(Check):
                drain: _Drain, server_done: bool, details: dict[str, Any]) -> Result:
         details["server_banner_seen"] = drain.banner.is_set()
         if client is None:
-            details["server_output_tail"] = _tail(drain.text)
+            details["server_output_tail"] = output_tail(drain.text)
             return self.result(
                 ctx, Status.UNKNOWN, target, "PerftestFailed",
                 f"ib_write_bw server for {target} exited {drain.proc.returncode} before a "
@@ -229,15 +224,15 @@ class RdmaLoopback(Check):
                 details)
         details["client_exit_code"] = client.returncode
         if client.timed_out or client.returncode is None:
-            details["client_output_tail"] = _tail(client.stdout + client.stderr)
-            details["server_output_tail"] = _tail(drain.text)
+            details["client_output_tail"] = output_tail(client.stdout + client.stderr)
+            details["server_output_tail"] = output_tail(drain.text)
             return self.result(
                 ctx, Status.UNKNOWN, target, "PerftestHang",
                 f"ib_write_bw loopback on {target} did not finish within "
                 f"{s['run_timeout_s']:g} s; server and client killed", details)
         if client.returncode != 0:
-            details["client_output_tail"] = _tail(client.stdout + client.stderr)
-            details["server_output_tail"] = _tail(drain.text)
+            details["client_output_tail"] = output_tail(client.stdout + client.stderr)
+            details["server_output_tail"] = output_tail(drain.text)
             if not server_done and not drain.banner.is_set():
                 return self.result(
                     ctx, Status.UNKNOWN, target, "PerftestHang",
@@ -251,12 +246,12 @@ class RdmaLoopback(Check):
         if report is None:  # the server prints the same report; use it if only the client's is bad
             report, _ = _usable("".join(drain.out))
         if report is None:
-            details["client_output_tail"] = _tail(client.stdout)
+            details["client_output_tail"] = output_tail(client.stdout)
             code = drain.proc.returncode
             if server_done and code not in (0, None):
                 # No report because the server failed (it may have died while the client was
                 # still starting): the server's error is the cause worth naming.
-                details["server_output_tail"] = _tail(drain.text)
+                details["server_output_tail"] = output_tail(drain.text)
                 return self.result(
                     ctx, Status.UNKNOWN, target, "PerftestFailed",
                     f"ib_write_bw server for {target} exited {code}: "
@@ -272,7 +267,7 @@ class RdmaLoopback(Check):
         rate = port.rate_gbit
         if rate is not None and row.gbit_per_s > rate * (1 + RATE_SLACK):
             details.update({"bw_gbit_per_s_reported": round(row.gbit_per_s, 3),
-                            "client_output_tail": _tail(client.stdout)})
+                            "client_output_tail": output_tail(client.stdout)})
             return self.result(
                 ctx, Status.UNKNOWN, target, "PerftestBadOutput",
                 f"ib_write_bw on {target} reported {row.gbit_per_s:.6g} Gb/s, above the port's "

@@ -56,7 +56,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from checks._gpus import active_gpus
+from checks._gpus import active_gpus, worker_budget
 from gpu_monitor.check import Check, Context, Finding, Setting
 from gpu_monitor.hw.nvml import NvmlError
 from gpu_monitor.model import NODE, Kind, Result, Status, iso
@@ -123,7 +123,7 @@ class SdcProbe(Check):
         args = {"batches": ring, "seed": s["seed"], "batch_size": s["batch_size"],
                 "hidden_size": s["hidden_size"], "layers": s["layers"]}
         pool = WorkerPool(ctx.host.worker)
-        budget = float(s["timeout_s"]) - min(5.0, 0.05 * float(s["timeout_s"]))
+        budget = worker_budget(self, ctx)
         started = time.monotonic()
         outcomes = pool.run([Task(WORKER_FUNCTION, (r,), {**args, "own": r.index})
                              for r in refs], timeout_s=120.0, budget_s=budget, rounds=1)
@@ -287,5 +287,4 @@ def _settings(ctx: Context) -> dict[str, Any]:
         "hidden_size": int(get("hidden_size")),
         "layers": int(get("layers")),
         "reference_path": get("reference_path") or None,
-        "timeout_s": float(get("timeout_s", SdcProbe.timeout) or SdcProbe.timeout),
     }

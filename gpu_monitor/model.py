@@ -23,7 +23,16 @@ from gpu_monitor import __version__
 SCHEMA_VERSION = 1
 
 
-class Status(str, Enum):
+class TokenEnum(str, Enum):
+    """A vocabulary of stable lower-case tokens: ``str()`` of a member is its value, the word
+    written to JSON, logs, labels and reasons (``str(Status.OK) == "ok"``, never
+    ``"Status.OK"``). Every such enum derives from this one, so none spells it again."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Status(TokenEnum):
     """Outcome of one check on one target.
 
     ``skipped``: not applicable here (no GPU, unsupported field, check disabled).
@@ -38,9 +47,6 @@ class Status(str, Enum):
     UNKNOWN = "unknown"
     SKIPPED = "skipped"
 
-    def __str__(self) -> str:
-        return self.value
-
 
 # Severity order used to pick the "worst" of several results (skipped < ok < ...).
 STATUS_SEVERITY = {
@@ -52,8 +58,9 @@ STATUS_SEVERITY = {
 }
 
 
-class Action(str, Enum):
-    """What a result suggests; the remediation policy decides what is actually done."""
+class Action(TokenEnum):
+    """What a result suggests; the remediation policy decides what is actually done. Declared
+    mildest first: that order is ``ACTION_SEVERITY``."""
 
     NONE = "none"
     WATCH = "watch"
@@ -61,37 +68,22 @@ class Action(str, Enum):
     REBOOT = "reboot"
     REPLACE = "replace"
 
-    def __str__(self) -> str:
-        return self.value
+
+ACTION_SEVERITY = {action: rank for rank, action in enumerate(Action)}
 
 
-ACTION_SEVERITY = {
-    Action.NONE: 0,
-    Action.WATCH: 1,
-    Action.RESET_GPU: 2,
-    Action.REBOOT: 3,
-    Action.REPLACE: 4,
-}
-
-
-class Kind(str, Enum):
+class Kind(TokenEnum):
     """When a check runs: at provisioning, continuously, or periodically on idle nodes."""
 
     BOOTSTRAP = "bootstrap"
     PASSIVE = "passive"
     PERIODIC = "periodic"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class Verdict(str, Enum):
+class Verdict(TokenEnum):
     HEALTHY = "healthy"
     UNHEALTHY = "unhealthy"
     UNKNOWN = "unknown"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 # Exit codes of one-shot commands (a public contract, see docs/cli.md).

@@ -57,6 +57,11 @@ class CommandRunner:
         exe = self.which(argv[0])
         if exe is None:
             raise FileNotFoundError(argv[0])
+        return self._spawn(exe, argv, **kwargs)
+
+    def _spawn(self, exe: str, argv: Sequence[str], **kwargs) -> subprocess.Popen:
+        """The one way a tool is started: resolved ``exe``, this runner's environment, output
+        captured as text, in a process group of its own (so a timeout kills all of it)."""
         return subprocess.Popen(
             [exe, *argv[1:]],
             env=self._environ(),
@@ -76,16 +81,8 @@ class CommandRunner:
             return CommandResult(argv, None, "", "", 0.0, not_found=True,
                                  error=f"{argv[0]}: not found")
         try:
-            proc = subprocess.Popen(
-                [exe, *argv[1:]],
-                env=self._environ(),
-                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                errors="replace",
-                start_new_session=True,
-            )
+            proc = self._spawn(
+                exe, argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL)
         except OSError as exc:
             return CommandResult(argv, None, "", "", time.monotonic() - start, error=str(exc))
         try:

@@ -34,8 +34,9 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
+
+from gpu_monitor.model import TokenEnum
 
 KEY_3X = "DCGM GPU Diagnostic"
 KEY_4X = "DCGM Diagnostic"
@@ -94,15 +95,12 @@ class DcgmParseError(ValueError):
     """The text holds no usable diagnostic (garbage, truncated JSON, another document)."""
 
 
-class DiagStatus(str, Enum):
+class DiagStatus(TokenEnum):
     PASS = "pass"
     FAIL = "fail"
     WARN = "warn"
     SKIP = "skip"
     NOT_RUN = "not_run"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 _STATUS_WORDS = {

@@ -11,7 +11,8 @@ module's classes. Checks import these values; only ``nvml_reader.py`` talks to t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+
+from gpu_monitor.model import TokenEnum
 
 # nvml.h values the reader passes in or compares against (a test checks them against pynvml).
 NVML_SUCCESS = 0
@@ -68,7 +69,7 @@ NVLINK_COUNTERS: dict[int, str] = {
 }
 
 
-class NvmlErrorKind(str, Enum):
+class NvmlErrorKind(TokenEnum):
     """What went wrong, independent of which bindings raised it."""
 
     NOT_SUPPORTED = "not_supported"
@@ -103,9 +104,6 @@ class NvmlErrorKind(str, Enum):
     INVALID_STATE = "invalid_state"
     RESET_TYPE_NOT_SUPPORTED = "reset_type_not_supported"
     UNKNOWN = "unknown"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 CODE_KINDS: dict[int, NvmlErrorKind] = {

@@ -135,8 +135,29 @@ class AerCounters:
     total: int
 
 
+def _below(current: float | None, top: float | None) -> bool | None:
+    """A link trained below its top speed or width; ``None`` when either is unknown."""
+    if current is None or top is None:
+        return None
+    return current < top
+
+
+class _ReadFromFiles:
+    """A value read from several sysfs files, keeping the reads that failed (``errors``), so a
+    check can ask about just the files it judges."""
+
+    errors: tuple[SysfsReadError, ...]
+
+    def errors_for(self, *names: str) -> tuple[SysfsReadError, ...]:
+        """The read errors of the named attributes (file basenames), for a check that judges
+        only those; every error when no name is given."""
+        if not names:
+            return self.errors
+        return tuple(e for e in self.errors if os.path.basename(e.path) in names)
+
+
 @dataclass(frozen=True)
-class PciDevice:
+class PciDevice(_ReadFromFiles):
     """One PCI function as sysfs shows it. ``None`` = attribute absent or unreadable."""
 
     address: str  # canonical 0000:3b:00.0
@@ -170,24 +191,12 @@ class PciDevice:
     @property
     def speed_downgraded(self) -> bool | None:
         """Trained below what both ends support; ``None`` when either side is unknown."""
-        cur, top = self.current_link_speed_gts, self.max_link_speed_gts
-        if cur is None or top is None:
-            return None
-        return cur < top
+        return _below(self.current_link_speed_gts, self.max_link_speed_gts)
 
     @property
     def width_downgraded(self) -> bool | None:
-        cur, top = self.current_link_width, self.max_link_width
-        if cur is None or top is None:
-            return None
-        return cur < top
-
-    def errors_for(self, *names: str) -> tuple[SysfsReadError, ...]:
-        """The read errors of the named attributes (file basenames), for a check that judges
-        only those; every error when no name is given."""
-        if not names:
-            return self.errors
-        return tuple(e for e in self.errors if os.path.basename(e.path) in names)
+        """Trained narrower than both ends support; ``None`` when either side is unknown."""
+        return _below(self.current_link_width, self.max_link_width)
 
     @property
     def unidentified(self) -> bool:
@@ -204,7 +213,7 @@ class PciDevice:
 
 
 @dataclass(frozen=True)
-class IbPort:
+class IbPort(_ReadFromFiles):
     """One RDMA port (``class/infiniband/<device>/ports/<port>``).
 
     ``state``/``phys_state`` are the kernel's names ("ACTIVE", "LinkUp") with their numeric
@@ -238,13 +247,6 @@ class IbPort:
     @property
     def link_up(self) -> bool:
         return self.phys_state == "LinkUp"
-
-    def errors_for(self, *names: str) -> tuple[SysfsReadError, ...]:
-        """The read errors of the named attributes (file basenames), for a check that judges
-        only those; every error when no name is given."""
-        if not names:
-            return self.errors
-        return tuple(e for e in self.errors if os.path.basename(e.path) in names)
 
     def counter(self, name: str) -> int | None:
         """A ``counters/`` value, ``None`` when absent, unreadable or N/A."""

@@ -131,6 +131,17 @@ class Lifecycle:
         return QuarantineRecord(op=decision.op or op, reason=decision.reason or "Unknown",
                                 since=now)
 
+    def record_unless_releasing(self, decision: Decision, now: datetime, op: Op,
+                                released: str) -> QuarantineRecord | None:
+        """The quarantine record a state goes on with (rebuilt for ``op`` when none is stored),
+        or None when it was marked releasing: the node is released now (``released`` names
+        why when the record does not)."""
+        rec = self.quarantine_record() or self.rebuilt(decision, now, op)
+        if rec.releasing:
+            self.release(now, rec.release_reason or released)
+            return None
+        return rec
+
     def set_state(self, state: str, reason: str, now: datetime, *, mirror: bool = True,
                   **kw: Any) -> None:
         if self.store.set_node_state(state, reason, now, **kw):
@@ -371,9 +382,8 @@ class Lifecycle:
                        "quarantine release`", warning=True)
 
     def replace_state(self, decision: Decision, now: datetime) -> None:
-        rec = self.quarantine_record() or self.rebuilt(decision, now, Op.REPLACE)
-        if rec.releasing:
-            self.release(now, rec.release_reason or "released")
+        rec = self.record_unless_releasing(decision, now, Op.REPLACE, "released")
+        if rec is None:
             return
         rec = self.apply_quarantine(rec, now, "replace")
         self._finish_replace(rec, now)

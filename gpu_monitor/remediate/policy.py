@@ -32,7 +32,6 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from enum import Enum
 from types import MappingProxyType
 from typing import Any
 
@@ -41,6 +40,7 @@ from gpu_monitor.model import (
     Action,
     Result,
     Status,
+    TokenEnum,
     iso,
     parse_iso,
 )
@@ -67,7 +67,7 @@ __all__ = [
 ]
 
 
-class Op(str, Enum):
+class Op(TokenEnum):
     """A node operation, in increasing severity: the declaration order is the one severity
     order of remediation (``severity``); nothing else spells it."""
 
@@ -77,9 +77,6 @@ class Op(str, Enum):
     RESET_GPU = "reset_gpu"  # quarantine, drain, reset the GPUs, retest
     REBOOT = "reboot"  # quarantine, drain, ask for a reboot (Kured sentinel), retest
     REPLACE = "replace"  # quarantine, drain, label for replacement (permanent)
-
-    def __str__(self) -> str:
-        return self.value
 
     @property
     def severity(self) -> int:

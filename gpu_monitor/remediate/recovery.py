@@ -56,11 +56,10 @@ def suite_retest(checks: Sequence[Any], ctx: Any) -> Callable[[], list[Result]]:
 
 
 def retesting(lc: Lifecycle, decision: Decision, now: datetime) -> None:
-    rec = lc.quarantine_record() or lc.rebuilt(decision, now, Op.RESET_GPU)
-    rt = rec.retest or Retest(started=now)
-    if rec.releasing:
-        lc.release(now, rec.release_reason or "retest passed")
+    rec = lc.record_unless_releasing(decision, now, Op.RESET_GPU, "retest passed")
+    if rec is None:
         return
+    rt = rec.retest or Retest(started=now)
     if rt.phase == "reset":
         if rt.needs_reset:
             outcome = lc.actuator.reset_gpus(rec.gpus)
@@ -167,9 +166,8 @@ def request_reboot(lc: Lifecycle, rec: QuarantineRecord, now: datetime, why: str
 
 
 def reboot_required(lc: Lifecycle, decision: Decision, now: datetime) -> None:
-    rec = lc.quarantine_record() or lc.rebuilt(decision, now, Op.REBOOT)
-    if rec.releasing:
-        lc.release(now, rec.release_reason or "returning to service")
+    rec = lc.record_unless_releasing(decision, now, Op.REBOOT, "returning to service")
+    if rec is None:
         return
     rec = lc.apply_quarantine(rec, now, "reboot-required")
     boot = lc.actuator.boot_id()

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from gpu_monitor.model import Action
 
@@ -100,11 +100,33 @@ def _unit_versions(row_unit: str, line_unit: str) -> tuple[str, ...]:
     return tuple(v for v, n in (("v2", names[1]), ("v1", names[0])) if n == line_unit)
 
 
-class XidCatalog:
+_Entry = TypeVar("_Entry")
+
+
+class _CodeCatalog(Generic[_Entry]):
+    """What both catalogs answer the same way: the codes they know, and an entry for any code,
+    a stand-in (``known=False``, action watch) for one they do not."""
+
+    _entries: dict[int, _Entry]
+
+    def codes(self) -> list[int]:
+        return sorted(self._entries)
+
+    def get(self, code: int) -> _Entry:
+        info = self._entries.get(code)
+        if info is not None:
+            return info
+        return self._unknown(code)
+
+    def _unknown(self, code: int) -> _Entry:
+        raise NotImplementedError
+
+
+class XidCatalog(_CodeCatalog[XidInfo]):
     def __init__(self, data: dict[str, Any], source: str = XID_CATALOG_FILE):
         try:
             self.version: str = data["about"]["catalog_version"]
-            self._xids: dict[int, XidInfo] = {
+            self._entries = {
                 int(code): XidInfo(
                     code=int(code), mnemonic=e["mnemonic"], description=e["description"],
                     action=Action(e["action"]), category=e["category"],
@@ -116,14 +138,8 @@ class XidCatalog:
         except (KeyError, TypeError, ValueError) as exc:
             raise CatalogError(f"{source}: not a gpu-monitor XID catalog ({exc!r})") from exc
 
-    def codes(self) -> list[int]:
-        return sorted(self._xids)
-
-    def get(self, code: int) -> XidInfo:
-        """The catalog entry; unknown codes: category unknown, action watch."""
-        info = self._xids.get(code)
-        if info is not None:
-            return info
+    def _unknown(self, code: int) -> XidInfo:
+        """An unknown code: category unknown, action watch."""
         return XidInfo(code=code, mnemonic="UNKNOWN", description="not in the XID catalog",
                        action=Action.WATCH, category="unknown", rule="R6 unknown code",
                        known=False)
@@ -152,11 +168,11 @@ class XidCatalog:
         return None
 
 
-class SxidCatalog:
+class SxidCatalog(_CodeCatalog[SxidInfo]):
     def __init__(self, data: dict[str, Any], source: str = SXID_CATALOG_FILE):
         try:
             self.version: str = data["about"]["catalog_version"]
-            self._sxids = {
+            self._entries = {
                 int(code): SxidInfo(code=int(code), name=e["name"], fatal_class=e["fatal_class"],
                                     action=Action(e["action"]), recovery=e["recovery"])
                 for code, e in data["sxids"].items()
@@ -164,13 +180,7 @@ class SxidCatalog:
         except (KeyError, TypeError, ValueError) as exc:
             raise CatalogError(f"{source}: not a gpu-monitor SXid catalog ({exc!r})") from exc
 
-    def codes(self) -> list[int]:
-        return sorted(self._sxids)
-
-    def get(self, code: int) -> SxidInfo:
-        info = self._sxids.get(code)
-        if info is not None:
-            return info
+    def _unknown(self, code: int) -> SxidInfo:
         return SxidInfo(code=code, name="unknown SXid", fatal_class="unknown",
                         action=Action.WATCH, known=False)
 

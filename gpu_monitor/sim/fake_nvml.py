@@ -388,30 +388,26 @@ class c_nvmlGpuFabricInfo_t(ctypes.Structure):
     ]
 
 
+# nvml.h's v3 fabric info is v2 with ``healthSummary`` appended; both spell their version first.
+_FABRIC_INFO_V2_FIELDS = [
+    ("version", ctypes.c_uint),
+    ("clusterUuid", ctypes.c_uint8 * NVML_GPU_FABRIC_UUID_LEN),
+    ("status", ctypes.c_uint),
+    ("cliqueId", ctypes.c_uint32),
+    ("state", ctypes.c_uint),
+    ("healthMask", ctypes.c_uint32),
+]
+
+
 class c_nvmlGpuFabricInfo_v2_t(ctypes.Structure):
-    _fields_ = [
-        ("version", ctypes.c_uint),
-        ("clusterUuid", ctypes.c_uint8 * NVML_GPU_FABRIC_UUID_LEN),
-        ("status", ctypes.c_uint),
-        ("cliqueId", ctypes.c_uint32),
-        ("state", ctypes.c_uint),
-        ("healthMask", ctypes.c_uint32),
-    ]
+    _fields_ = _FABRIC_INFO_V2_FIELDS
 
     def __init__(self) -> None:
         super().__init__(version=nvmlGpuFabricInfo_v2)
 
 
 class c_nvmlGpuFabricInfo_v3_t(ctypes.Structure):
-    _fields_ = [
-        ("version", ctypes.c_uint),
-        ("clusterUuid", ctypes.c_uint8 * NVML_GPU_FABRIC_UUID_LEN),
-        ("status", ctypes.c_uint),
-        ("cliqueId", ctypes.c_uint32),
-        ("state", ctypes.c_uint),
-        ("healthMask", ctypes.c_uint32),
-        ("healthSummary", ctypes.c_uint8),
-    ]
+    _fields_ = [*_FABRIC_INFO_V2_FIELDS, ("healthSummary", ctypes.c_uint8)]
 
     def __init__(self) -> None:
         super().__init__(version=nvmlGpuFabricInfo_v3)
@@ -494,6 +490,18 @@ def _locked(fn: _F) -> _F:
             return fn(self, *args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _spec_value(call: str, field: str) -> Callable[..., Any]:
+    """The system call ``call`` as the fake serves it: it needs NVML initialised (and honours an
+    injected error for ``call``), then answers one field of the node's spec, read live."""
+
+    def read(self: FakeNvml) -> Any:
+        self._require_init(call)
+        return getattr(self.spec, field)
+
+    read.__name__, read.__qualname__ = call, f"FakeNvml.{call}"
+    return _locked(read)
 
 
 def _raw(arg: Any) -> Any:
@@ -588,25 +596,12 @@ class FakeNvml:
             raise ValueError(f"nvmlErrorCode {nvmlErrorCode} is not valid")
         return NVMLError._valClassMapping[nvmlErrorCode]
 
-    @_locked
-    def nvmlSystemGetDriverVersion(self) -> str:
-        self._require_init("nvmlSystemGetDriverVersion")
-        return self.spec.driver_version
-
-    @_locked
-    def nvmlSystemGetCudaDriverVersion(self) -> int:
-        self._require_init("nvmlSystemGetCudaDriverVersion")
-        return self.spec.cuda_driver_version
-
-    @_locked
-    def nvmlSystemGetCudaDriverVersion_v2(self) -> int:
-        self._require_init("nvmlSystemGetCudaDriverVersion_v2")
-        return self.spec.cuda_driver_version
-
-    @_locked
-    def nvmlSystemGetNVMLVersion(self) -> str:
-        self._require_init("nvmlSystemGetNVMLVersion")
-        return self.spec.nvml_version
+    nvmlSystemGetDriverVersion = _spec_value("nvmlSystemGetDriverVersion", "driver_version")
+    nvmlSystemGetCudaDriverVersion = _spec_value("nvmlSystemGetCudaDriverVersion",
+                                                 "cuda_driver_version")
+    nvmlSystemGetCudaDriverVersion_v2 = _spec_value("nvmlSystemGetCudaDriverVersion_v2",
+                                                    "cuda_driver_version")
+    nvmlSystemGetNVMLVersion = _spec_value("nvmlSystemGetNVMLVersion", "nvml_version")
 
     # -- enumeration and identity --------------------------------------------------------------
 

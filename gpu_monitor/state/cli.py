@@ -93,6 +93,17 @@ def _copies_note(path: str) -> str:
     return f"; damaged copies kept beside it: {len(copies)} (newest {copies[-1]})"
 
 
+def _emit_intact(args: argparse.Namespace, report: dict[str, Any], version: int | None, *,
+                 absent: str, sound: str) -> int:
+    """A file that needs nothing, for both commands: absent (``version`` None: the daemon
+    creates it at start) or sound at schema ``version``; exit 0 either way."""
+    if version is None:
+        report.update(status="absent")
+        return _emit(args, report, absent, 0)
+    report.update(status="sound", schema_version=version)
+    return _emit(args, report, sound, 0)
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     path = _path(args)
     report: dict[str, Any] = {"path": path, "copies": corrupt_copies(path)}
@@ -106,13 +117,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     except StoreError as exc:
         report.update(status="refused", message=str(exc))
         return _emit(args, report, f"gpu-monitor: {exc}", EXIT_USAGE)
-    if version is None:
-        report.update(status="absent")
-        return _emit(args, report, f"state file {path} does not exist: the daemon creates an "
-                                   f"empty store there at start{_copies_note(path)}", 0)
-    report.update(status="sound", schema_version=version)
-    return _emit(args, report, f"state file {path}: sound (schema version {version}, "
-                               f"integrity_check ok){_copies_note(path)}", 0)
+    note = _copies_note(path)
+    return _emit_intact(args, report, version,
+                        absent=f"state file {path} does not exist: the daemon creates an "
+                               f"empty store there at start{note}",
+                        sound=f"state file {path}: sound (schema version {version}, "
+                              f"integrity_check ok){note}")
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
@@ -130,13 +140,11 @@ def cmd_recover(args: argparse.Namespace) -> int:
             return _emit(args, report, f"gpu-monitor: {exc}", EXIT_USAGE)
         # Only a writer can judge it (an interrupted transaction): recover() opens it so.
     else:
-        if version is None:
-            report.update(status="absent")
-            return _emit(args, report, f"nothing to recover: state file {path} does not exist "
-                                       f"(the daemon creates it at start)", 0)
-        report.update(status="sound", schema_version=version)
-        return _emit(args, report, f"nothing to recover: state file {path} is sound (schema "
-                                   f"version {version}); it was left as it is", 0)
+        return _emit_intact(args, report, version,
+                            absent=f"nothing to recover: state file {path} does not exist "
+                                   f"(the daemon creates it at start)",
+                            sound=f"nothing to recover: state file {path} is sound (schema "
+                                  f"version {version}); it was left as it is")
     try:
         store, rec = recover(path, by="cli", integrity="full")
     except StoreError as exc:

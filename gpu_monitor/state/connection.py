@@ -199,3 +199,20 @@ class Database:
             where.append(f"{column} >= ?")
             args.append(to_us(since))
 
+    def _select(self, sql: str, order: str, since_column: str, since: datetime | None,
+                equal: Sequence[tuple[str, Any]] = ()) -> list[Any]:
+        """The rows of ``sql`` (a SELECT without WHERE) in one snapshot: those at or after
+        ``since`` by ``since_column`` (when given) and with ``column = value`` for each pair of
+        ``equal`` whose value is not None, in ``order``."""
+        where: list[str] = []
+        args: list[Any] = []
+        self._since_clause(since_column, since, where, args)
+        for column, value in equal:
+            if value is not None:
+                where.append(f"{column} = ?")
+                args.append(value)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        with self._read() as c:
+            return c.execute(f"{sql} ORDER BY {order}", args).fetchall()
+

@@ -106,19 +106,10 @@ class KernelLogTables(Database):
     def xid_events(self, since: datetime | None = None, uuid: str | None = None,
                    code: int | None = None, kind: str | None = None) -> list[XidEvent]:
         """Stored events, oldest first, filtered by time, GPU UUID, code and kind."""
-        where: list[str] = []
-        args: list[Any] = []
-        self._since_clause("observed_us", since, where, args)
-        for column, value in (("gpu_uuid", uuid), ("code", code), ("kind", kind)):
-            if value is not None:
-                where.append(f"{column} = ?")
-                args.append(value)
-        sql = ("SELECT boot_id, seq, observed_us, code, pci_bus_id, gpu_uuid, gpu_index, kind,"
-               " message, fatal FROM xid_events")
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        with self._read() as c:
-            rows = c.execute(sql + " ORDER BY observed_us, id", args).fetchall()
+        rows = self._select(
+            "SELECT boot_id, seq, observed_us, code, pci_bus_id, gpu_uuid, gpu_index, kind,"
+            " message, fatal FROM xid_events", "observed_us, id", "observed_us", since,
+            (("gpu_uuid", uuid), ("code", code), ("kind", kind)))
         return [XidEvent(boot_id=r[0], seq=r[1], observed_at=from_us(r[2]), code=r[3],
                          pci_bus_id=r[4] or None, gpu_uuid=r[5], gpu_index=r[6], kind=r[7],
                          message=r[8], fatal=bool(r[9])) for r in rows]

@@ -141,17 +141,8 @@ class NodeTables(Database):
 
     def actions(self, since: datetime | None = None,
                 action: str | None = None) -> list[ActionRecord]:
-        where: list[str] = []
-        args: list[Any] = []
-        self._since_clause("at_us", since, where, args)
-        if action is not None:
-            where.append("action = ?")
-            args.append(action)
-        sql = "SELECT action, result, at_us, details FROM actions"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        with self._read() as c:
-            rows = c.execute(sql + " ORDER BY at_us, id", args).fetchall()
+        rows = self._select("SELECT action, result, at_us, details FROM actions", "at_us, id",
+                            "at_us", since, (("action", action),))
         return [ActionRecord(a, r, from_us(t), loads_mapping(d)) for a, r, t, d in rows]
 
     def action_counts(self) -> dict[tuple[str, str], int]:
@@ -179,14 +170,9 @@ class NodeTables(Database):
         return bool(inserted)
 
     def health_reports(self, since: datetime | None = None) -> list[HealthReport]:
-        where: list[str] = []
-        args: list[Any] = []
-        self._since_clause("observed_us", since, where, args)
-        sql = "SELECT uid, node, reason, source, observed_us, payload FROM health_reports"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        with self._read() as c:
-            rows = c.execute(sql + " ORDER BY observed_us, uid", args).fetchall()
+        rows = self._select(
+            "SELECT uid, node, reason, source, observed_us, payload FROM health_reports",
+            "observed_us, uid", "observed_us", since)
         return [HealthReport(u, n, r, s, from_us(t), loads_mapping(p)) for u, n, r, s, t, p in rows]
 
     def health_report_counts(self) -> dict[str, int]:

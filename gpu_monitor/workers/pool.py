@@ -158,6 +158,13 @@ class Outcome:
 # --- the parent side ------------------------------------------------------------------------
 
 
+def _with_last_output(message: str, tail: str) -> str:
+    """What a worker that ended without a result is reported with, by signal or by status:
+    ``message`` and the last line it printed, if any."""
+    last = last_line(tail)
+    return message + (f"; last output: {last}" if last else "")
+
+
 def _signal_name(num: int) -> str:
     try:
         return signal.Signals(num).name
@@ -515,17 +522,15 @@ class WorkerPool:
                                 failed_at=result.get("failed_at"), **common)
         elif rc is not None and rc < 0:
             sig = -rc
-            last = last_line(tail)
             w.outcome = Outcome(
                 w.task, None, "signal",
-                f"worker for {name} exited with signal {sig} ({_signal_name(sig)})"
-                + (f"; last output: {last}" if last else ""), **common)
+                _with_last_output(f"worker for {name} exited with signal {sig} "
+                                  f"({_signal_name(sig)})", tail), **common)
         else:
-            last = last_line(tail)
             w.outcome = Outcome(
                 w.task, None, "exit",
-                f"worker for {name} exited with status {rc} without a result"
-                + (f"; last output: {last}" if last else ""), **common)
+                _with_last_output(f"worker for {name} exited with status {rc} without a "
+                                  "result", tail), **common)
         return w.outcome
 
 

@@ -62,6 +62,18 @@ def _kill_leftovers() -> None:  # pragma: no cover - exercised only when a calle
         rmtree(path)
 
 
+def write_line(popen: subprocess.Popen, line: str) -> bool:
+    """Write ``line`` to a child's stdin and flush it; False when the child is gone (a broken
+    or closed pipe), which its caller learns more about from the child's exit."""
+    try:
+        assert popen.stdin is not None
+        popen.stdin.write(line.encode())
+        popen.stdin.flush()
+    except (BrokenPipeError, OSError, ValueError):
+        return False
+    return True
+
+
 def last_line(text: str) -> str:
     for line in reversed(text.splitlines()):
         if line.strip():
@@ -115,12 +127,7 @@ class SpawnedProc(Proc):
         kill_group(self.popen.pid)
 
     def send(self, line: str) -> None:
-        try:
-            assert self.popen.stdin is not None
-            self.popen.stdin.write(line.encode())
-            self.popen.stdin.flush()
-        except (BrokenPipeError, OSError, ValueError):
-            pass  # it died; the poll notices
+        write_line(self.popen, line)  # False: it died; the poll notices
 
     def close_input(self) -> None:
         with contextlib.suppress(OSError, ValueError):
@@ -180,11 +187,7 @@ class ForkServer:
 
     def fork(self, req_id: str, fifo: str, log: str, env: Mapping[str, str]) -> None:
         line = json.dumps({"id": req_id, "fifo": fifo, "log": log, "env": dict(env)}) + "\n"
-        try:
-            assert self.popen.stdin is not None
-            self.popen.stdin.write(line.encode())
-            self.popen.stdin.flush()
-        except (BrokenPipeError, OSError, ValueError):
+        if not write_line(self.popen, line):
             with self._cond:
                 self.errors[req_id] = self.gone_reason()
 

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from gpu_monitor.sim.spec import GpuSpec, IbPortSpec, NodeSpec
+
+_N = TypeVar("_N", int, float)
 
 
 class InjectError(ValueError):
@@ -27,26 +30,24 @@ class Fault:
     text: str = ""
 
     def int(self, key: str, default: int | None = None) -> int:
-        raw = self.params.get(key)
-        if raw is None:
-            if default is None:
-                raise InjectError(f"{self.text}: missing {key}=N")
-            return default
-        try:
-            return int(raw, 0)
-        except ValueError:
-            raise InjectError(f"{self.text}: {key}={raw!r} is not an integer") from None
+        return self._number(key, default, lambda raw: int(raw, 0), "N", "an integer")
 
     def float(self, key: str, default: float | None = None) -> float:
+        return self._number(key, default, float, "X", "a number")
+
+    def _number(self, key: str, default: _N | None, convert: Callable[[str], _N],
+                placeholder: str, what: str) -> _N:
+        """The one reading of a numeric parameter: a missing one takes ``default`` or is refused
+        (``missing key=N``), a malformed one is refused naming ``what`` it should be."""
         raw = self.params.get(key)
         if raw is None:
             if default is None:
-                raise InjectError(f"{self.text}: missing {key}=X")
+                raise InjectError(f"{self.text}: missing {key}={placeholder}")
             return default
         try:
-            return float(raw)
+            return convert(raw)
         except ValueError:
-            raise InjectError(f"{self.text}: {key}={raw!r} is not a number") from None
+            raise InjectError(f"{self.text}: {key}={raw!r} is not {what}") from None
 
     def choice(self, key: str, choices: tuple[str, ...], default: str | None = None) -> str:
         raw = self.params.get(key, default)
