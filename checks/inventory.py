@@ -21,7 +21,7 @@ from typing import Any
 from checks._gpus import enumeration_error, error_details, unidentified
 from gpu_monitor.check import Check, ClearTracker, Context, Setting
 from gpu_monitor.hw.nvml import NvmlError, SystemInfo
-from gpu_monitor.hw.sysfs import NVIDIA_VENDOR
+from gpu_monitor.hw.sysfs_values import NVIDIA_VENDOR
 from gpu_monitor.model import NODE, Action, Kind, Result, Status, gpu_target
 from gpu_monitor.profiles.schema import SECONDS0
 

@@ -49,7 +49,7 @@ from checks._findings import TargetFindings
 from checks._gpus import ABSENT, enumeration_error, error_details, unidentified
 from gpu_monitor.check import Check, Context, Setting
 from gpu_monitor.hw.nvml import GpuInfo, NvmlError
-from gpu_monitor.hw.sysfs import PciDevice, pcie_gen
+from gpu_monitor.hw.sysfs_values import PciDevice, pcie_gen
 from gpu_monitor.model import (
     NODE,
     Action,

@@ -38,7 +38,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from gpu_monitor.check import Check, ClearTracker, Context, Setting
-from gpu_monitor.hw.sysfs import AER_ATTRS, NVIDIA_VENDOR, AerCounters, PciDevice
+from gpu_monitor.hw.sysfs_values import AER_ATTRS, NVIDIA_VENDOR, AerCounters, PciDevice
 from gpu_monitor.model import NODE, Action, Kind, Result, Status, canonical_pci, pcie_target
 from gpu_monitor.profiles.schema import POSITIVE, SECONDS, SECONDS0
 

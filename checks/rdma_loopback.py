@@ -34,7 +34,7 @@ from checks._tool_output import output_tail
 from gpu_monitor.check import Check, Context, Setting
 from gpu_monitor.hw.command import kill_group
 from gpu_monitor.hw.perftest import BwReport, PerftestParseError, parse_report
-from gpu_monitor.hw.sysfs import IbPort
+from gpu_monitor.hw.sysfs_values import IbPort
 from gpu_monitor.model import Action, Kind, Result, Status, canonical_pci, ib_target
 from gpu_monitor.profiles.schema import COUNT, FRACTION, POSITIVE_INT, SECONDS, Bool, Int, Nullable
 

@@ -36,12 +36,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from checks._downtime import Track, nccl_tolerance_s, port_is_down, window_stats
 from gpu_monitor.check import Check, ClearTracker, Context, Setting
-from gpu_monitor.hw.sysfs import IbPort
+from gpu_monitor.hw.sysfs_values import IbPort
 from gpu_monitor.metric_families import (
     CheckMetric,
     LatestResult,
@@ -54,7 +55,6 @@ from gpu_monitor.profiles.schema import SECONDS, SECONDS0, Int, Num
 
 log = logging.getLogger(__name__)
 
-VERBS_TIMEOUT_UNIT_S = 4.096e-6  # IBTA local ACK timeout unit: 4.096 µs × 2^timeout
 LINK_DOWNED_MAX = 255  # LinkDownedCounter is an 8-bit PMA counter that saturates
 KV_NAMESPACE = "rdma_ports"
 REDISCOVER_S = 60.0  # full sysfs walk at most this often in steady state
@@ -64,38 +64,6 @@ WATCH_MARK_S = 60.0  # how often the daemon refreshes its "I was watching" marke
 JUDGED_FILES = ("state", "phys_state", "rate", "link_downed")
 
 PortKey = tuple[str, int]
-
-
-def nccl_tolerance_s(ib_timeout: int, retry_cnt: int) -> float:
-    """Seconds an RDMA outage may last before NCCL fails: 4.096 µs × 2^t × retries.
-
-    A retry count of 0 still waits one timeout, so the factor is at least 1.
-    """
-    return VERBS_TIMEOUT_UNIT_S * (2 ** int(ib_timeout)) * max(1, int(retry_cnt))
-
-
-def port_is_down(port: IbPort) -> bool:
-    """Down = not ACTIVE or not LinkUp (INIT/ARMED wait for the subnet manager: no traffic)."""
-    return port.state != "ACTIVE" or port.phys_state != "LinkUp"
-
-
-def window_stats(intervals: Iterable[Sequence[Any]], window_start: float,
-                 now: float) -> tuple[float, float, int]:
-    """(downtime inside the window, longest interval touching it, how many touch it).
-
-    Intervals are ``(start, end)`` in epoch seconds, ``end`` None while open (runs to ``now``).
-    The longest is measured whole, not clipped: NCCL felt all of it.
-    """
-    downtime = longest = 0.0
-    count = 0
-    for start, end in intervals:
-        stop = now if end is None else end
-        if end is not None and stop <= window_start:
-            continue  # ended before the window: drained
-        count += 1
-        longest = max(longest, stop - start)
-        downtime += max(0.0, min(stop, now) - max(start, window_start))
-    return downtime, longest, count
 
 
 def _epoch(ts: datetime) -> float:
@@ -144,25 +112,6 @@ class Settings:
             expected=tuple(expected),
             rate_gbit=None if rate is None else float(rate),
         )
-
-
-@dataclass
-class Track:
-    """What the check remembers about one port (times in epoch seconds)."""
-
-    intervals: list[list[float | None]] = field(default_factory=list)  # [start, end|None]
-    link_downed: int | None = None
-    owed: int = 0  # down transitions seen whose link_downed increment has not shown yet
-    last_poll: float | None = None
-    last_down_seen: float | None = None
-    flaps: list[float] = field(default_factory=list)  # unseen flaps (link_downed only)
-    stored_boot: str | None = None
-    resumed: bool = False  # the open interval came from the store: check it on first sight
-
-    def open_start(self) -> float | None:
-        if self.intervals and self.intervals[-1][1] is None:
-            return self.intervals[-1][0]
-        return None
 
 
 class _Recorder:

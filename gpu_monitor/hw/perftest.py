@@ -31,7 +31,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from gpu_monitor.hw.sysfs import MAX_RDMA_RATE_GBIT
+from gpu_monitor.hw.sysfs_values import MAX_RDMA_RATE_GBIT
 
 MIB = 1 << 20
 

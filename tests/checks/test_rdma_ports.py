@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from checks.rdma_ports import RdmaPorts, nccl_tolerance_s, window_stats
+from checks._downtime import nccl_tolerance_s, window_stats
+from checks.rdma_ports import RdmaPorts
 from gpu_monitor.check import Context
 from gpu_monitor.clock import FakeClock
 from gpu_monitor.config import DEFAULT_CONFIG, parse_config

@@ -12,9 +12,9 @@ import pytest
 
 from gpu_monitor.hw import sysfs as sysfs_mod
 from gpu_monitor.hw.paths import HostPaths
-from gpu_monitor.hw.sysfs import (
+from gpu_monitor.hw.sysfs import SysfsReader
+from gpu_monitor.hw.sysfs_values import (
     AerCounters,
-    SysfsReader,
     parse_aer,
     parse_ib_rate,
     parse_ib_state,
@@ -483,7 +483,7 @@ def test_real_host_sysfs_reads_without_raising():
 
 
 def test_parse_aer_accepts_old_kernel_multi_word_names():
-    from gpu_monitor.hw.sysfs import parse_aer
+    from gpu_monitor.hw.sysfs_values import parse_aer
 
     aer = parse_aer("Receiver Error 2\nBad TLP 0\nBad DLLP 1\nTOTAL_ERR_COR 3\n")
     assert aer.counters == {"Receiver_Error": 2, "Bad_TLP": 0, "Bad_DLLP": 1}

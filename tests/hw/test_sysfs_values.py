@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from gpu_monitor.hw import sysfs as sysfs_mod
 from gpu_monitor.hw.paths import HostPaths
-from gpu_monitor.hw.sysfs import (
+from gpu_monitor.hw.sysfs import SysfsReader
+from gpu_monitor.hw.sysfs_values import (
     SysfsParseError,
-    SysfsReader,
     parse_aer,
     parse_counter,
     parse_ib_phys_state,

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from gpu_monitor.hw.procfs import DeviceHolder, ProcfsReader
-from gpu_monitor.hw.sysfs import SysfsReader, parse_aer
+from gpu_monitor.hw.sysfs import SysfsReader
+from gpu_monitor.hw.sysfs_values import parse_aer
 from gpu_monitor.sim.spec import GpuSpec, IbPortSpec, NodeSpec, NvSwitchSpec
 from gpu_monitor.sim.sysfs_tree import (
     render_aer,
