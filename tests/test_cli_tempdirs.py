@@ -72,13 +72,21 @@ def test_an_in_process_run_leaves_no_temporary_directory(argv, code, tmpdir_list
 def test_an_in_process_run_interrupted_mid_check_removes_its_tree(signum, code, tmpdir_listing,
                                                                    capsys):
     main_thread = threading.main_thread().ident
+    interrupter: dict[str, object] = {}
 
     def interrupt():
-        wait_until(lambda: workers_running(tmpdir_listing), "the burn-in's workers")
-        signal.pthread_kill(main_thread, signum)
+        try:
+            wait_until(lambda: workers_running(tmpdir_listing), "the burn-in's workers")
+            interrupter["handler"] = signal.getsignal(signum)
+            signal.pthread_kill(main_thread, signum)
+            interrupter["sent"] = True
+        except BaseException as exc:  # noqa: BLE001 - said by the assertion below
+            interrupter["error"] = exc
 
     threading.Thread(target=interrupt, daemon=True).start()
-    assert main(["check", "burn_in", *SIM, *QUIET]) == code
+    # What the interrupter did goes into the message: a signal never sent (the workers were
+    # not seen) reads differently from one a stale handler swallowed.
+    assert main(["check", "burn_in", *SIM, *QUIET]) == code, interrupter
     capsys.readouterr()
     assert not [n for n in os.listdir(tmpdir_listing) if n.startswith("gpu-monitor-sim-")]
     # The check's thread is abandoned, not killed: its workers' directory goes when it ends.

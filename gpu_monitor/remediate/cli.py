@@ -174,8 +174,8 @@ def cmd_breaker(args: argparse.Namespace, api_factory: ApiFactory | None = None)
 
 
 def _node_summary(obj: dict, taint_key: str) -> dict[str, Any]:
+    from gpu_monitor.remediate.conditions import PROBLEM_CLASSES
     from gpu_monitor.remediate.k8s.node import ANNOTATIONS, LABEL_REPLACE, LABEL_STATE, NodeView
-    from gpu_monitor.remediate.policy import PROBLEM_CLASSES
 
     view = NodeView.of(obj)
     ours = set(PROBLEM_CLASSES.values()) | {"GPUProblem"}

@@ -44,13 +44,11 @@ from gpu_monitor.model import (
     iso,
     parse_iso,
 )
-from gpu_monitor.registry import problem_classes
 
 __all__ = [
     "CONDITION_HEALTHY_REASON",
     "DEFAULT_CONDITION",
     "EXCLUDE_LABEL",
-    "PROBLEM_CLASSES",
     "REPORT_CHECK",
     "ConditionWant",
     "Decision",
@@ -59,7 +57,6 @@ __all__ = [
     "PolicyState",
     "Signal",
     "Trigger",
-    "condition_type",
     "decide",
     "gpu_indices",
     "observe",
@@ -104,19 +101,10 @@ _ACTION_OPS_FAILED = {Action.NONE: Op.CORDON, Action.WATCH: Op.EVENT, Action.RES
                       Action.REBOOT: Op.REBOOT, Action.REPLACE: Op.REPLACE}
 _ACTION_OPS_DEGRADED = {**_ACTION_OPS_FAILED, Action.NONE: Op.EVENT}
 
-#: Problem classes: one NodeCondition type per class (status True = the problem is present, as
-#: node-problem-detector does). Each built-in check declares its own (``Check.condition``);
-#: checks that declare none, and plugins, share ``DEFAULT_CONDITION``.
-PROBLEM_CLASSES: Mapping[str, str] = MappingProxyType({
-    **problem_classes(),
-    REPORT_CHECK: "GPUHealthReported",
-})
+#: The NodeCondition of a check that declares none (and of plugins); the declared ones reach the
+#: policy as ``PolicySettings.problem_classes`` (remediate/conditions.py composes them).
 DEFAULT_CONDITION = "GPUProblem"
 CONDITION_HEALTHY_REASON = "NoProblem"
-
-
-def condition_type(check: str) -> str:
-    return PROBLEM_CLASSES.get(check, DEFAULT_CONDITION)
 
 
 # --- settings ------------------------------------------------------------------------------------
@@ -141,6 +129,10 @@ class PolicySettings:
     observe_only: frozenset[str] = frozenset()
     # "check/Reason", "Reason" or "check" -> an Op value or "ignore".
     overrides: Mapping[str, str] = field(default_factory=dict)
+    # Problem classes: check -> the NodeCondition type its findings set (status True = the
+    # problem is present, as node-problem-detector does); a check not listed sets
+    # DEFAULT_CONDITION. Handed in, so the policy stays a pure function of its inputs.
+    problem_classes: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         bad = {k: v for k, v in self.overrides.items() if _parse_op(v) is None}
@@ -148,9 +140,14 @@ class PolicySettings:
             raise ValueError(f"unknown remediation operation(s) {bad}; expected one of "
                              f"{[o.value for o in Op] + [IGNORE]}")
         object.__setattr__(self, "overrides", MappingProxyType(dict(self.overrides)))
+        object.__setattr__(self, "problem_classes", MappingProxyType(dict(self.problem_classes)))
+
+    def condition_type(self, check: str) -> str:
+        return self.problem_classes.get(check, DEFAULT_CONDITION)
 
     @classmethod
-    def from_config(cls, config: Any) -> PolicySettings:
+    def from_config(cls, config: Any, problem_classes: Mapping[str, str] | None = None
+                    ) -> PolicySettings:
         rem = config.remediation
         overrides: dict[str, str] = {}
         for key, value in (getattr(rem, "overrides", None) or {}).items():
@@ -166,7 +163,8 @@ class PolicySettings:
             elif spec is not None:
                 overrides[check] = str(spec)
         return cls(hysteresis_polls=int(rem.hysteresis_polls), hysteresis_s=float(rem.hysteresis_s),
-                   observe_only=frozenset(observe), overrides=overrides)
+                   observe_only=frozenset(observe), overrides=overrides,
+                   problem_classes=problem_classes or {})
 
 
 def op_for(result: Result, settings: PolicySettings) -> Op | None:
@@ -362,8 +360,8 @@ def decide(state: PolicyState, settings: PolicySettings, now: datetime, *,
     by_class: dict[str, list[Trigger]] = {}
     for f in triggers:
         if f.result.status is Status.FAILED or not f.pending:
-            by_class.setdefault(condition_type(f.result.check), []).append(f)
-    classes = sorted({condition_type(c) for c in state.seen} | set(by_class))
+            by_class.setdefault(settings.condition_type(f.result.check), []).append(f)
+    classes = sorted({settings.condition_type(c) for c in state.seen} | set(by_class))
     conditions = []
     for ctype in classes:
         active = by_class.get(ctype)

@@ -30,10 +30,11 @@ from typing import Any
 from gpu_monitor.clock import Clock
 from gpu_monitor.model import Result, Status, iso
 from gpu_monitor.remediate.actuator import Actuator
+from gpu_monitor.remediate.conditions import PROBLEM_CLASSES
 from gpu_monitor.remediate.delivery import NodeDelivery, Request
 from gpu_monitor.remediate.lifecycle import Lifecycle
 from gpu_monitor.remediate.memory import PolicyMemory
-from gpu_monitor.remediate.policy import DEFAULT_CONDITION, PROBLEM_CLASSES, Decision, Op
+from gpu_monitor.remediate.policy import DEFAULT_CONDITION, Decision, Op
 from gpu_monitor.remediate.record import KV_BREAKER, KV_NAMESPACE, QuarantineRecord, Retest
 from gpu_monitor.remediate.settings import RemediationSettings, Timing
 from gpu_monitor.state.recovery import mark_announced, recoveries

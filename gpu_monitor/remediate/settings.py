@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_monitor.remediate.conditions import PROBLEM_CLASSES
 from gpu_monitor.remediate.policy import PolicySettings
 
 __all__ = ["RemediationSettings", "Timing"]
@@ -19,7 +20,8 @@ __all__ = ["RemediationSettings", "Timing"]
 class RemediationSettings:
     enabled: bool = False
     dry_run: bool = True
-    policy: PolicySettings = field(default_factory=PolicySettings)
+    policy: PolicySettings = field(
+        default_factory=lambda: PolicySettings(problem_classes=PROBLEM_CLASSES))
     retest_max_failures: int = 2  # failed retests before the node is labelled for replacement
     retest_retry_s: float = 600.0  # an undecided retest runs again after this long
     breaker_ttl_s: float = 3600.0  # a slot not renewed for this long expires (renewed at 1/3)
@@ -28,7 +30,7 @@ class RemediationSettings:
     def from_config(cls, config: Any) -> RemediationSettings:
         rem = config.remediation
         return cls(enabled=bool(rem.enabled), dry_run=bool(rem.dry_run),
-                   policy=PolicySettings.from_config(config),
+                   policy=PolicySettings.from_config(config, PROBLEM_CLASSES),
                    retest_max_failures=int(rem.retest_max_failures),
                    retest_retry_s=float(config.daemon.bootstrap_retry_s),
                    breaker_ttl_s=float(rem.breaker.ttl_s))

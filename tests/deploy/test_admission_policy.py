@@ -251,7 +251,8 @@ def test_requests_by_other_users_are_not_this_policys_business(admission):
 
 
 def test_condition_types_are_the_codes_problem_classes(admission):
-    from gpu_monitor.remediate.policy import DEFAULT_CONDITION, PROBLEM_CLASSES
+    from gpu_monitor.remediate.conditions import PROBLEM_CLASSES
+    from gpu_monitor.remediate.policy import DEFAULT_CONDITION
 
     old = node()
     listed = admission.variable("ourConditionTypes", request(), old, old)

@@ -153,7 +153,7 @@ def remediator(fake: FakeApiServer, root: Path, node: str = NODE, *, store=None,
 
 
 def our_conditions(node: dict) -> dict[str, dict]:
-    from gpu_monitor.remediate.policy import PROBLEM_CLASSES
+    from gpu_monitor.remediate.conditions import PROBLEM_CLASSES
 
     ours = set(PROBLEM_CLASSES.values()) | {"GPUProblem"}
     return {c["type"]: c for c in node["status"]["conditions"] if c["type"] in ours}

@@ -8,12 +8,12 @@ import pytest
 
 from gpu_monitor.config import parse_config
 from gpu_monitor.model import Action, Result, Status
+from gpu_monitor.remediate.conditions import PROBLEM_CLASSES, condition_type
 from gpu_monitor.remediate.policy import (
     EXCLUDE_LABEL,
     Op,
     PolicySettings,
     PolicyState,
-    condition_type,
     decide,
     gpu_indices,
     observe,
@@ -21,7 +21,8 @@ from gpu_monitor.remediate.policy import (
 )
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
-SETTINGS = PolicySettings(hysteresis_polls=3, hysteresis_s=300.0)
+SETTINGS = PolicySettings(hysteresis_polls=3, hysteresis_s=300.0,
+                          problem_classes=PROBLEM_CLASSES)
 
 
 def r(check="xid", status=Status.FAILED, target="gpu:3", reason="Xid79", action=Action.REBOOT,
