@@ -224,11 +224,18 @@ def test_slow_check_does_not_starve_fast_one_and_never_runs_twice(sim_env):
         d.shutdown()
 
 
-def test_intervals_follow_the_injected_clock(sim_env):
+def polled_once(sim_env) -> tuple[Context, Fast, Daemon]:
+    """A daemon with one Fast check on a simulated node, after its first poll: (the Context,
+    the check, the daemon; the caller shuts it down)."""
     _, ctx = sim_env()
     fast = Fast()
     d = Daemon([fast], ctx)
     d.tick(wait=True)
+    return ctx, fast, d
+
+
+def test_intervals_follow_the_injected_clock(sim_env):
+    ctx, fast, d = polled_once(sim_env)
     d.tick(wait=True)  # not due yet: the fake clock has not moved
     assert fast.runs == 1
     ctx.clock.advance(600)  # ten minutes, instantly
@@ -238,10 +245,7 @@ def test_intervals_follow_the_injected_clock(sim_env):
 
 
 def test_exporter_serves_metrics_health_and_404(sim_env):
-    _, ctx = sim_env()
-    fast = Fast()
-    d = Daemon([fast], ctx)
-    d.tick(wait=True)
+    ctx, fast, d = polled_once(sim_env)
     exp = Exporter(build_registry(d, ctx.store, [Fast], ctx.clock), d.health,
                    ready=lambda: True)
     host, port = exp.start("127.0.0.1:0")
