@@ -32,6 +32,16 @@ class KmsgCounter(Check):
         return []
 
 
+def read_kmsg_once(ctx) -> tuple[KmsgCounter, Daemon]:
+    """A new daemon with one KmsgCounter opens the kernel log (the counter sees what is there
+    for it) and shuts down: (the counter, the daemon)."""
+    check = KmsgCounter()
+    d = Daemon([check], ctx)
+    d.open_kmsg()
+    d.shutdown()
+    return check, d
+
+
 class Slow(Check):
     name = "slow_check"
     kinds = frozenset({Kind.PASSIVE})
@@ -89,18 +99,12 @@ def test_restart_neither_double_counts_nor_misses_kmsg_records(sim_env, tmp_path
     path = ctx.host.paths.kmsg_path
     for seq in (10, 11, 12):
         append_kmsg(path, seq, f"NVRM: Xid (PCI:0000:53:00): 79, pid=1, name=x, line {seq}")
-    check = KmsgCounter()
-    d = Daemon([check], ctx)
-    d.open_kmsg()
+    check, _ = read_kmsg_once(ctx)
     assert check.seen == [10, 11, 12]
-    d.shutdown()
     # A second daemon on the same store and boot replays the buffer: only new records count.
     append_kmsg(path, 13, "NVRM: Xid (PCI:0000:53:00): 79, pid=1, name=x, line 13")
-    check2 = KmsgCounter()
-    d2 = Daemon([check2], ctx)
-    d2.open_kmsg()
+    check2, _ = read_kmsg_once(ctx)
     assert check2.seen == [13]
-    d2.shutdown()
 
 
 def test_replayed_ring_buffer_is_deduplicated_by_boot_and_sequence(sim_env):
@@ -112,34 +116,24 @@ def test_replayed_ring_buffer_is_deduplicated_by_boot_and_sequence(sim_env):
         boot_records = len(fh.readlines())  # the simulated node's own boot records
     for seq in (10, 11, 12):
         append_kmsg(path, seq, f"NVRM: line {seq}")
-    d = Daemon([KmsgCounter()], ctx)
-    d.open_kmsg()
-    d.shutdown()
+    read_kmsg_once(ctx)
     ctx.store.delete_kv(Daemon._KV_FILE_POS, path)
     append_kmsg(path, 13, "NVRM: line 13")
-    check = KmsgCounter()
-    d2 = Daemon([check], ctx)
-    d2.open_kmsg()
+    check, d2 = read_kmsg_once(ctx)
     assert check.seen == [13]
     assert d2.stats.kmsg_skipped_replay == boot_records + 3
-    d2.shutdown()
 
 
 def test_new_boot_id_replays_everything(sim_env):
     node, ctx = sim_env()
     path = ctx.host.paths.kmsg_path
     append_kmsg(path, 5, "NVRM: something")
-    d = Daemon([KmsgCounter()], ctx)
-    d.open_kmsg()
-    d.shutdown()
+    read_kmsg_once(ctx)
     node.spec.boot_id = "00000000-0000-4000-8000-000000000001"
     node.advance(0.1)
     ctx.store.delete_kv(Daemon._KV_FILE_POS, path)  # a new boot: a new ring buffer
-    check = KmsgCounter()
-    d2 = Daemon([check], ctx)
-    d2.open_kmsg()
+    check, _ = read_kmsg_once(ctx)
     assert check.seen == [5]
-    d2.shutdown()
 
 
 def test_follower_dispatches_appended_record_quickly(sim_env):
@@ -165,12 +159,9 @@ def test_malformed_lines_are_counted_not_fatal(sim_env):
     with open(ctx.host.paths.kmsg_path, "ab") as fh:
         fh.write(b"\x00\x01garbage\xff\n" + b"x" * 70000 + b"\n")
     append_kmsg(ctx.host.paths.kmsg_path, 7, "NVRM: after the garbage")
-    check = KmsgCounter()
-    d = Daemon([check], ctx)
-    d.open_kmsg()
+    check, d = read_kmsg_once(ctx)
     assert d.stats.kmsg_parse_errors >= 2
     assert check.seen == [7]
-    d.shutdown()
 
 
 def test_missing_kernel_log_reports_unknown_and_keeps_running(sim_env, tmp_path):
@@ -233,11 +224,18 @@ def test_slow_check_does_not_starve_fast_one_and_never_runs_twice(sim_env):
         d.shutdown()
 
 
-def test_intervals_follow_the_injected_clock(sim_env):
+def polled_once(sim_env) -> tuple[Context, Fast, Daemon]:
+    """A daemon with one Fast check on a simulated node, after its first poll: (the Context,
+    the check, the daemon; the caller shuts it down)."""
     _, ctx = sim_env()
     fast = Fast()
     d = Daemon([fast], ctx)
     d.tick(wait=True)
+    return ctx, fast, d
+
+
+def test_intervals_follow_the_injected_clock(sim_env):
+    ctx, fast, d = polled_once(sim_env)
     d.tick(wait=True)  # not due yet: the fake clock has not moved
     assert fast.runs == 1
     ctx.clock.advance(600)  # ten minutes, instantly
@@ -247,10 +245,7 @@ def test_intervals_follow_the_injected_clock(sim_env):
 
 
 def test_exporter_serves_metrics_health_and_404(sim_env):
-    _, ctx = sim_env()
-    fast = Fast()
-    d = Daemon([fast], ctx)
-    d.tick(wait=True)
+    ctx, fast, d = polled_once(sim_env)
     exp = Exporter(build_registry(d, ctx.store, [Fast], ctx.clock), d.health,
                    ready=lambda: True)
     host, port = exp.start("127.0.0.1:0")
@@ -355,17 +350,11 @@ def test_followed_text_log_resumes_after_restart_without_recounting(sim_env, tmp
     log_path.write_text(
         "2025-01-02T15:20:12+0800 host kernel: NVRM: Xid (PCI:0000:53:00): 79, pid=1, a\n")
     ctx.host.paths = dataclasses.replace(ctx.host.paths, kmsg=str(log_path))
-    first = KmsgCounter()
-    d = Daemon([first], ctx)
-    d.open_kmsg()
-    d.shutdown()
+    first, _ = read_kmsg_once(ctx)
     assert len(first.seen) == 1
     with open(log_path, "a") as fh:
         fh.write("2025-01-02T15:21:12+0800 host kernel: NVRM: Xid (PCI:0000:53:00): 48, b\n")
-    second = KmsgCounter()
-    d2 = Daemon([second], ctx)
-    d2.open_kmsg()
-    d2.shutdown()
+    second, _ = read_kmsg_once(ctx)
     assert len(second.seen) == 1  # only the new line; the old one is not counted again
 
 
@@ -377,13 +366,8 @@ def test_rotated_text_log_is_read_from_its_start(sim_env, tmp_path):
     log_path = tmp_path / "kern.log"
     log_path.write_text("Jan  2 15:20:12 host kernel: NVRM: old line\n")
     ctx.host.paths = dataclasses.replace(ctx.host.paths, kmsg=str(log_path))
-    d = Daemon([KmsgCounter()], ctx)
-    d.open_kmsg()
-    d.shutdown()
+    read_kmsg_once(ctx)
     os.rename(log_path, tmp_path / "kern.log.1")
     log_path.write_text("Jan  2 15:30:12 host kernel: NVRM: new file line\n")
-    check = KmsgCounter()
-    d2 = Daemon([check], ctx)
-    d2.open_kmsg()
-    d2.shutdown()
+    check, _ = read_kmsg_once(ctx)
     assert len(check.seen) == 1

@@ -10,12 +10,6 @@ import shutil
 
 import pytest
 
-from gpu_monitor.check import Context
-from gpu_monitor.config import DEFAULT_CONFIG
-from gpu_monitor.profiles import load_profile
-from gpu_monitor.sim.inject import parse
-from gpu_monitor.sim.node import SimulatedNode
-
 no_real_dcgmi = pytest.mark.skipif(shutil.which("dcgmi") is not None,
                                    reason="this host has a real dcgmi")
 no_real_perftest = pytest.mark.skipif(shutil.which("ib_write_bw") is not None,
@@ -23,36 +17,35 @@ no_real_perftest = pytest.mark.skipif(shutil.which("ib_write_bw") is not None,
 
 
 @pytest.fixture
-def host_for():
-    made = []
+def host_for(check_rig):
+    """``host_for(profile, *faults, overrides=)`` -> (the simulated node's Host, the Context a
+    check gets there), built by the check rig; ``overrides`` change what the profile expects,
+    not the hardware."""
 
     def build(profile_name="h100-sxm-8", *faults, overrides=None):
-        profile = load_profile(profile_name)
-        sim = SimulatedNode(profile, [parse(f) for f in faults])
-        host = sim.host()
-        made.append(host)
-        judged = profile.for_simulation()
-        if overrides:
-            judged = judged.with_overrides(overrides)
-        return host, Context(host=host, profile=judged, config=DEFAULT_CONFIG)
+        rig = check_rig(None, *faults, profile=profile_name, expect=overrides)
+        return rig.host, rig.ctx()
 
-    yield build
-    for host in made:
-        host.close()
+    return build
+
+
+def gap_without(host_for, what, requires, profile="h100-sxm-8", **kw):
+    """The gap ``requires`` leaves on a simulated ``profile`` node whose ``what`` is taken away
+    (``missing@node``): (host, ctx, gap)."""
+    host, ctx = host_for(profile, f"missing@node,what={what}", **kw)
+    return host, ctx, host.requirement_gap(requires, ctx)
 
 
 @no_real_dcgmi
 def test_no_dcgmi_on_a_gpu_node_is_missing_and_names_dcgmi(host_for):
-    host, ctx = host_for("h100-sxm-8", "missing@node,what=dcgmi")
-    gap = host.requirement_gap({"dcgm", "gpu"}, ctx)
+    host, ctx, gap = gap_without(host_for, "dcgmi", {"dcgm", "gpu"})
     assert (gap.requirement, gap.missing) == ("dcgm", True)
     assert "dcgmi" in gap.message
     assert host.unmet({"dcgm", "gpu"}, ctx) == gap.message  # the old string API agrees
 
 
 def test_no_torch_on_a_gpu_node_is_missing_and_names_torch(host_for):
-    host, ctx = host_for("h100-sxm-8", "missing@node,what=torch")
-    gap = host.requirement_gap({"gpu", "torch"}, ctx)
+    host, ctx, gap = gap_without(host_for, "torch", {"gpu", "torch"})
     assert (gap.requirement, gap.missing) == ("torch", True)
     assert "torch is not installed" in gap.message
 
@@ -82,17 +75,15 @@ def test_a_cpu_only_profile_makes_gpu_tools_not_applicable(host_for):
 
 @no_real_perftest
 def test_no_perftest_where_no_rdma_port_is_expected_is_not_applicable(host_for):
-    host, ctx = host_for("h100-sxm-8", "missing@node,what=ib_write_bw",
-                         overrides={"rdma": {"ports": []}})
     # The simulated HCAs are still there: only the profile's expectation changed.
-    gap = host.requirement_gap({"perftest", "infiniband"}, ctx)
+    _, _, gap = gap_without(host_for, "ib_write_bw", {"perftest", "infiniband"},
+                            overrides={"rdma": {"ports": []}})
     assert (gap.requirement, gap.missing) == ("perftest", False)
 
 
 @no_real_perftest
 def test_no_perftest_where_rdma_ports_are_expected_is_missing(host_for):
-    host, ctx = host_for("h100-sxm-8", "missing@node,what=ib_write_bw")
-    gap = host.requirement_gap({"perftest", "infiniband"}, ctx)
+    _, _, gap = gap_without(host_for, "ib_write_bw", {"perftest", "infiniband"})
     assert (gap.requirement, gap.missing) == ("perftest", True)
     assert "ib_write_bw" in gap.message
 
@@ -100,8 +91,7 @@ def test_no_perftest_where_rdma_ports_are_expected_is_missing(host_for):
 @no_real_dcgmi
 def test_not_applicable_wins_over_missing(host_for):
     # cpu-only: no GPU to test, so the missing dcgmi is not what keeps dcgm_diag from running.
-    host, ctx = host_for("cpu-only", "missing@node,what=dcgmi")
-    gap = host.requirement_gap({"dcgm", "gpu"}, ctx)
+    _, _, gap = gap_without(host_for, "dcgmi", {"dcgm", "gpu"}, profile="cpu-only")
     assert not gap.missing
 
 

@@ -50,6 +50,16 @@ def unreadable(tmp_path):
     yield from unreadable_file(tmp_path)
 
 
+@pytest.fixture(params=[v[1:] for v in FILE_VARIANTS], ids=[v[0] for v in FILE_VARIANTS])
+def damaged(request, tmp_path):
+    """Each damaged kind of state file, made at tmp_path/state.db: (its path, the detail its
+    refusal names, its bytes before the test)."""
+    make, detail = request.param
+    path = str(tmp_path / "state.db")
+    make(path)
+    return path, detail, snapshot(path)
+
+
 def assert_recovery_text(err: StoreCorruptError, path: str) -> None:
     text = str(err)
     assert err.path == path
@@ -61,12 +71,8 @@ def assert_recovery_text(err: StoreCorruptError, path: str) -> None:
     assert "re-read from the node's labels" in text
 
 
-@pytest.mark.parametrize(("make", "detail"), [v[1:] for v in FILE_VARIANTS],
-                         ids=[v[0] for v in FILE_VARIANTS])
-def test_damaged_file_is_refused_with_the_recovery_procedure(tmp_path, make, detail):
-    path = str(tmp_path / "state.db")
-    make(path)
-    before = snapshot(path)
+def test_damaged_file_is_refused_with_the_recovery_procedure(damaged):
+    path, detail, before = damaged
     with pytest.raises(StoreCorruptError) as ei:
         Store.open(path)
     assert detail in ei.value.detail and ei.value.cause == "damaged"
@@ -209,12 +215,8 @@ def test_check_file_judges_without_creating_or_migrating(tmp_path):
     assert Path(path).read_bytes() == before  # not migrated, not written
 
 
-@pytest.mark.parametrize(("make", "detail"), [v[1:] for v in FILE_VARIANTS],
-                         ids=[v[0] for v in FILE_VARIANTS])
-def test_check_file_finds_each_kind_of_damage(tmp_path, make, detail):
-    path = str(tmp_path / "state.db")
-    make(path)
-    before = snapshot(path)
+def test_check_file_finds_each_kind_of_damage(damaged):
+    path, detail, before = damaged
     with pytest.raises(StoreCorruptError) as ei:
         check_file(path)
     assert detail in ei.value.detail
@@ -233,14 +235,10 @@ def test_check_file_refuses_a_newer_release_file(tmp_path):
 # --- recover: state/recovery.py -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("make", "detail"), [v[1:] for v in FILE_VARIANTS],
-                         ids=[v[0] for v in FILE_VARIANTS])
-def test_recover_moves_each_damaged_kind_aside_with_its_companions(tmp_path, make, detail):
+def test_recover_moves_each_damaged_kind_aside_with_its_companions(damaged):
+    path, detail, before = damaged
     from gpu_monitor.state.recovery import recover, recoveries, recoveries_total
 
-    path = str(tmp_path / "state.db")
-    make(path)
-    before = snapshot(path)
     clock = FakeClock()
     store, rec = recover(path, clock, by="daemon")
     try:

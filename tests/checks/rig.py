@@ -23,16 +23,21 @@ from __future__ import annotations
 import sys
 import textwrap
 from collections.abc import Callable, Iterable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from gpu_monitor.check import Check, Context
 from gpu_monitor.clock import Clock, FakeClock
 from gpu_monitor.config import DEFAULT_CONFIG, Config, parse_config
 from gpu_monitor.hw.command import CommandRunner
+from gpu_monitor.hw.nvml_reader import NvmlReader
 from gpu_monitor.model import Result, Status
 from gpu_monitor.profiles import Profile, load_profile
 from gpu_monitor.runner import run_check
+from gpu_monitor.sim.fake_nvml import FakeNvml
 from gpu_monitor.sim.inject import parse
 from gpu_monitor.sim.node import SimulatedNode
 from gpu_monitor.state import Store
@@ -188,6 +193,52 @@ class CheckRig:
         """A fresh instance of the check run one-shot (a bootstrap) on the node as it is now."""
         self.sync()
         return {r.target: r for r in type(self.check)().run(self.ctx(one_shot=True))}
+
+
+def rig_fixture(check: type[Check], **kw: Any):
+    """A test module's ``rig`` fixture: ``rig(*faults, **more)`` builds a ``CheckRig`` of
+    ``check`` with ``kw`` (through ``check_rig``, so it is closed after the test). A module
+    says ``rig = rig_fixture(Check, ...)``."""
+
+    @pytest.fixture
+    def rig(check_rig):
+        return partial(check_rig, check, **kw)
+
+    return rig
+
+
+def healthy_poll(rig: CheckRig, count: int = 8) -> Results:
+    """The first poll of a healthy node: one result per GPU (``count`` of them), each OK and
+    naming its GPU's uuid; the results by target."""
+    results = rig.poll()
+    assert sorted(results) == [f"gpu:{i}" for i in range(count)]
+    for i, gpu in enumerate(rig.gpus):
+        res = results[f"gpu:{i}"]
+        assert res.status is Status.OK, (res.target, res.reason)
+        assert res.details["uuid"] == gpu.uuid
+    return results
+
+
+def enumeration_fails(rig: CheckRig, error: str = "Unknown") -> None:
+    """A poll with ``nvmlDeviceGetCount`` failing with ``error``: the check says one unknown
+    NvmlReadError for the node (no GPU is known to judge), not one per GPU."""
+    rig.host.nvml = NvmlReader(FakeNvml(rig.node.spec, {"nvmlDeviceGetCount": error}))
+    (res,) = rig.check.poll(rig.ctx())
+    assert (res.target, res.status, res.reason) == ("node", Status.UNKNOWN, "NvmlReadError")
+
+
+def mig_still_judged(rig: CheckRig, target: str, reason: str,
+                     until: float | None = None) -> Results:
+    """Every GPU of the node in MIG mode (as NVML then reports it), and the check still judges:
+    ``target`` says ``reason`` at the next poll (or polling ``until`` that time) while gpu:1
+    stays OK. The results by target."""
+    for gpu in rig.gpus:
+        gpu.mig_enabled = True
+    assert rig.host.nvml.mig_enabled(0)
+    results = rig.poll() if until is None else rig.run_until(until)
+    assert results[target].reason == reason
+    assert results["gpu:1"].status is Status.OK
+    return results
 
 
 # The NVML errors that leave a per-GPU read undecided (unknown NvmlReadError) in every check

@@ -3,31 +3,20 @@
 from __future__ import annotations
 
 import json
-from functools import partial
 
 import pytest
 
 from checks.nvlink_state import NvlinkState
-from gpu_monitor.hw.nvml_reader import NvmlReader
 from gpu_monitor.model import Status
 from gpu_monitor.runner import run_check
-from gpu_monitor.sim.fake_nvml import FakeNvml
 from gpu_monitor.state import Store
+from tests.checks.rig import enumeration_fails, healthy_poll, mig_still_judged, rig_fixture
 
-
-@pytest.fixture
-def rig(check_rig):
-    return partial(check_rig, NvlinkState)
+rig = rig_fixture(NvlinkState)
 
 
 def test_healthy_node_is_one_result_per_gpu(rig):
-    r = rig()
-    results = r.poll()
-    assert sorted(results) == [f"gpu:{i}" for i in range(8)]
-    res = results["gpu:3"]
-    assert res.status is Status.OK
-    d = res.details
-    assert d["uuid"] == r.gpus[3].uuid
+    d = healthy_poll(rig())["gpu:3"].details
     assert (d["links_expected"], d["links_found"], d["links_up"]) == (18, 18, 18)
     assert d["down_links"] == () and d["missing_links"] == ()
     assert d["window"] == "instantaneous"
@@ -300,10 +289,7 @@ def test_lost_gpu_is_unknown_gpu_lost_and_keeps_its_open_links(rig):
 
 
 def test_gpu_enumeration_failure_is_one_unknown_node_result(rig):
-    r = rig()
-    r.host.nvml = NvmlReader(FakeNvml(r.node.spec, {"nvmlDeviceGetCount": "Unknown"}))
-    (res,) = r.check.poll(r.ctx())
-    assert (res.target, res.status, res.reason) == ("node", Status.UNKNOWN, "NvmlReadError")
+    enumeration_fails(rig())
 
 
 def test_nvml_unavailable_is_skipped_by_the_runner(rig):
@@ -314,13 +300,7 @@ def test_nvml_unavailable_is_skipped_by_the_runner(rig):
 
 
 def test_mig_enabled_gpus_are_still_judged(rig):
-    r = rig("nvlink-down@gpu:0,link=17")
-    for g in r.gpus:
-        g.mig_enabled = True
-    assert r.host.nvml.mig_enabled(0)
-    results = r.poll()
-    assert results["nvlink:0:17"].reason == "NvLinkDown"
-    assert results["gpu:1"].status is Status.OK
+    mig_still_judged(rig("nvlink-down@gpu:0,link=17"), "nvlink:0:17", "NvLinkDown")
 
 
 def test_every_emitted_reason_is_declared(rig):

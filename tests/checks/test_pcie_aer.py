@@ -4,21 +4,18 @@ from __future__ import annotations
 
 import os
 import shutil
-from functools import partial
 
 import pytest
 
 from checks.pcie_aer import PcieAer, correctable_increase
 from gpu_monitor.model import Action, Status
 from gpu_monitor.state import Store
-from tests.checks.rig import CheckRig
+from tests.checks.rig import CheckRig, rig_fixture
 
 GPU0 = "pcie:0000:53:00.0"  # gpu 0 of the simulated HGX board
 
 
-@pytest.fixture
-def rig(check_rig):
-    return partial(check_rig, PcieAer, watch=GPU0)
+rig = rig_fixture(PcieAer, watch=GPU0)
 
 
 def aer_file(r: CheckRig, address: str, kind: str) -> str:

@@ -9,88 +9,49 @@ from prometheus_client.exposition import generate_latest
 
 from checks.power import Power, at_limit_seconds
 from gpu_monitor import docs_gen
-from gpu_monitor.check import Context
-from gpu_monitor.clock import FakeClock
-from gpu_monitor.config import DEFAULT_CONFIG
 from gpu_monitor.daemon import Daemon, build_registry
 from gpu_monitor.model import Status
-from gpu_monitor.profiles import load_profile
-from gpu_monitor.sim.inject import parse
-from gpu_monitor.sim.node import SimulatedNode
-from gpu_monitor.state import Store
+from tests.checks.rig import healthy_poll, rig_fixture
+
+rig = rig_fixture(Power)
 
 
-def _node(*faults: str, overrides=None):
-    profile = load_profile("h100-sxm-8")
-    if overrides:
-        profile = profile.with_overrides(overrides)
-    node = SimulatedNode(profile, [parse(f) for f in faults])
-    clock = FakeClock()
-    ctx = Context(host=node.host(), profile=profile, config=DEFAULT_CONFIG, clock=clock,
-                  store=Store.open(":memory:"), one_shot=False)
-    return node, clock, ctx
-
-
-def _polls(check: Power, ctx: Context, clock: FakeClock, seconds: float, step: float = 10.0):
-    """Poll every ``step`` seconds for ``seconds``; the last poll's results by target."""
-    results = {r.target: r for r in check.poll(ctx)}
-    elapsed = 0.0
-    while elapsed < seconds:
-        clock.advance(step)
-        elapsed += step
-        results = {r.target: r for r in check.poll(ctx)}
-    return results
-
-
-def test_a_healthy_node_is_ok_with_the_draw_and_the_limit_in_details():
-    node, clock, ctx = _node()
-    try:
-        r = {x.target: x for x in Power().poll(ctx)}
-    finally:
-        node.close()
+def test_a_healthy_node_is_ok_with_the_draw_and_the_limit_in_details(rig):
+    r = healthy_poll(rig())
     assert len(r) == 8 and all(x.status is Status.OK for x in r.values())
     d = r["gpu:0"].details
     assert d["power_watts"] == 70.0 and d["power_limit_watts"] == 700.0
     assert d["window"] == "instantaneous" and d["at_limit_now"] is False
 
 
-def test_a_gpu_held_at_its_limit_for_most_of_the_window_is_degraded():
-    node, clock, ctx = _node("power-limit@gpu:4")
-    check = Power()
-    try:
-        first = {r.target: r for r in check.poll(ctx)}
-        # One sample is a moment, not "most of a window".
-        assert first["gpu:4"].status is Status.OK and first["gpu:4"].details["at_limit_now"]
-        early = _polls(check, ctx, clock, 290)
-        assert early["gpu:4"].status is Status.OK  # 290 s of 600: not more than half yet
-        late = _polls(check, ctx, clock, 30)
-    finally:
-        node.close()
-    r = late["gpu:4"]
-    assert r.status is Status.DEGRADED and r.reason == "PowerAtLimit"
-    assert r.details["at_limit_fraction"] > 0.5 and r.details["window"] == "partial"
-    assert "700 W power limit" in r.message
+def test_a_gpu_held_at_its_limit_for_most_of_the_window_is_degraded(rig):
+    r = rig("power-limit@gpu:4")
+    first = r.poll()
+    # One sample is a moment, not "most of a window".
+    assert first["gpu:4"].status is Status.OK and first["gpu:4"].details["at_limit_now"]
+    early = r.run_until(290)
+    assert early["gpu:4"].status is Status.OK  # 290 s of 600: not more than half yet
+    late = r.run_until(320)
+    res = late["gpu:4"]
+    assert res.status is Status.DEGRADED and res.reason == "PowerAtLimit"
+    assert res.details["at_limit_fraction"] > 0.5 and res.details["window"] == "partial"
+    assert "700 W power limit" in res.message
     assert all(late[f"gpu:{i}"].status is Status.OK for i in range(8) if i != 4)
 
 
-def test_the_fraction_is_a_setting():
-    node, clock, ctx = _node("power-limit@gpu:1",
-                             overrides={"checks": {"power": {"at_limit_fraction": 0.1}}})
-    try:
-        r = _polls(Power(), ctx, clock, 70)
-    finally:
-        node.close()
-    assert r["gpu:1"].status is Status.DEGRADED
-    assert r["gpu:1"].details["at_limit_fraction_degraded"] == 0.1
+def test_the_fraction_is_a_setting(rig):
+    r = rig("power-limit@gpu:1", overrides={"checks": {"power": {"at_limit_fraction": 0.1}}})
+    r.poll()
+    res = r.run_until(70)
+    assert res["gpu:1"].status is Status.DEGRADED
+    assert res["gpu:1"].details["at_limit_fraction_degraded"] == 0.1
 
 
-def test_below_the_ratio_is_not_at_the_limit():
-    node, clock, ctx = _node("power-limit@gpu:2,pct=90")
-    try:
-        r = _polls(Power(), ctx, clock, 600)
-    finally:
-        node.close()
-    assert r["gpu:2"].status is Status.OK and r["gpu:2"].details["at_limit_s"] == 0
+def test_below_the_ratio_is_not_at_the_limit(rig):
+    r = rig("power-limit@gpu:2,pct=90")
+    r.poll()
+    res = r.run_until(600)
+    assert res["gpu:2"].status is Status.OK and res["gpu:2"].details["at_limit_s"] == 0
 
 
 def test_gaps_credit_nothing_and_the_window_clips():
@@ -98,24 +59,15 @@ def test_gaps_credit_nothing_and_the_window_clips():
     assert at_limit_seconds([[0, 1.0], [10, 0.0]], 5, 60) == (2.5, 5.0)
 
 
-def test_an_unreadable_draw_is_unknown_naming_the_call():
-    node, clock, ctx = _node("nvml-error@gpu:3,call=nvmlDeviceGetPowerUsage,error=Unknown")
-    try:
-        r = {x.target: x for x in Power().poll(ctx)}
-    finally:
-        node.close()
+def test_an_unreadable_draw_is_unknown_naming_the_call(rig):
+    r = rig("nvml-error@gpu:3,call=nvmlDeviceGetPowerUsage,error=Unknown").poll()
     assert r["gpu:3"].status is Status.UNKNOWN and r["gpu:3"].reason == "NvmlReadError"
     assert "nvmlDeviceGetPowerUsage" in r["gpu:3"].details["nvml_call"]
 
 
-def test_no_power_reading_or_no_limit_is_skipped_not_supported():
-    node, clock, ctx = _node(
-        "nvml-error@gpu:3,call=nvmlDeviceGetPowerUsage,error=NotSupported",
-        "nvml-error@gpu:5,call=nvmlDeviceGetEnforcedPowerLimit,error=NotSupported")
-    try:
-        r = {x.target: x for x in Power().poll(ctx)}
-    finally:
-        node.close()
+def test_no_power_reading_or_no_limit_is_skipped_not_supported(rig):
+    r = rig("nvml-error@gpu:3,call=nvmlDeviceGetPowerUsage,error=NotSupported",
+            "nvml-error@gpu:5,call=nvmlDeviceGetEnforcedPowerLimit,error=NotSupported").poll()
     for target in ("gpu:3", "gpu:5"):
         assert r[target].status is Status.SKIPPED and r[target].reason == "NotSupported"
     assert r["gpu:5"].details["power_watts"] == 70.0  # the draw is still exported
@@ -138,16 +90,14 @@ def test_the_check_is_in_the_generated_docs():
     assert "`gpu_monitor_gpu_power_watts`" in docs_gen.metrics_md()
 
 
-def test_the_check_is_on_metrics():
-    node, clock, ctx = _node("power-limit@gpu:4")
-    store = ctx.store
-    daemon = Daemon([Power()], ctx)
+def test_the_check_is_on_metrics(rig):
+    r = rig("power-limit@gpu:4")
+    daemon = Daemon([r.check], r.ctx())
     try:
         daemon.tick(wait=True)
-        text = generate_latest(build_registry(daemon, store, [Power], clock)).decode()
+        text = generate_latest(build_registry(daemon, r.store, [Power], r.clock)).decode()
     finally:
         daemon.shutdown()
-        node.close()
     assert "# TYPE gpu_monitor_gpu_power_watts gauge" in text
     assert [line for line in text.splitlines()
             if line.startswith("gpu_monitor_gpu_power_watts{gpu=\"4\"")][0].endswith(" 700.0")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -27,15 +26,13 @@ from gpu_monitor.hw.sysfs import SysfsReader
 from gpu_monitor.model import Action, Status
 from gpu_monitor.profiles import load_profile
 from gpu_monitor.state import Store
-from tests.checks.rig import CheckRig, NodeClock
+from tests.checks.rig import CheckRig, NodeClock, rig_fixture
 
 PORT = "ib:mlx5_0:1"
 
 
-@pytest.fixture
-def rig(check_rig):
-    # A one-shot watches a down port for a while: the node moves on while it sleeps.
-    return partial(check_rig, RdmaPorts, clock=NodeClock, watch=PORT)
+# A one-shot watches a down port for a while: the node moves on while it sleeps.
+rig = rig_fixture(RdmaPorts, clock=NodeClock, watch=PORT)
 
 
 def port_spec(rig: CheckRig, device: str = "mlx5_0"):

@@ -3,31 +3,25 @@
 from __future__ import annotations
 
 import re
-from functools import partial
 
 import pytest
 
 from checks.temperature import Temperature
-from gpu_monitor.hw.nvml_reader import NvmlReader
 from gpu_monitor.model import Status
 from gpu_monitor.runner import run_check
-from gpu_monitor.sim.fake_nvml import FakeNvml
-from tests.checks.rig import NVML_READ_ERRORS
+from tests.checks.rig import (
+    NVML_READ_ERRORS,
+    enumeration_fails,
+    healthy_poll,
+    mig_still_judged,
+    rig_fixture,
+)
 
-
-@pytest.fixture
-def rig(check_rig):
-    return partial(check_rig, Temperature)
+rig = rig_fixture(Temperature)
 
 
 def test_healthy_node_reports_temperatures_and_thresholds(rig):
-    r = rig()
-    results = r.poll()
-    assert sorted(results) == [f"gpu:{i}" for i in range(8)]
-    res = results["gpu:0"]
-    assert res.status is Status.OK
-    d = res.details
-    assert d["uuid"] == r.gpus[0].uuid
+    d = healthy_poll(rig())["gpu:0"].details
     assert (d["core_celsius"], d["memory_celsius"]) == (32, 36)
     assert (d["slowdown_celsius"], d["shutdown_celsius"], d["memory_max_celsius"]) == (90, 92, 95)
     assert d["slowdown_source"] == "nvml"
@@ -272,10 +266,7 @@ def test_lost_gpu_is_unknown_gpu_lost(rig):
 
 
 def test_gpu_enumeration_failure_is_one_unknown_node_result(rig):
-    r = rig()
-    r.host.nvml = NvmlReader(FakeNvml(r.node.spec, {"nvmlDeviceGetCount": "Timeout"}))
-    (res,) = r.check.poll(r.ctx())
-    assert (res.target, res.status, res.reason) == ("node", Status.UNKNOWN, "NvmlReadError")
+    enumeration_fails(rig(), "Timeout")
 
 
 def test_cpu_only_node_is_skipped(rig):
@@ -287,10 +278,4 @@ def test_cpu_only_node_is_skipped(rig):
 
 
 def test_mig_enabled_gpus_are_still_judged(rig):
-    r = rig("hot@gpu:0,core=91,memory=80")
-    for g in r.gpus:
-        g.mig_enabled = True
-    assert r.host.nvml.mig_enabled(0)
-    results = r.poll()
-    assert results["gpu:0"].reason == "TempAboveSlowdown"
-    assert results["gpu:1"].status is Status.OK
+    mig_still_judged(rig("hot@gpu:0,core=91,memory=80"), "gpu:0", "TempAboveSlowdown")

@@ -3,31 +3,26 @@
 from __future__ import annotations
 
 import re
-from functools import partial
 
 import pytest
 
 from checks.throttle import EVENT_BITS, Throttle, window_credit
-from gpu_monitor.hw.nvml_reader import NvmlReader
 from gpu_monitor.model import Status
 from gpu_monitor.runner import run_check
-from gpu_monitor.sim.fake_nvml import FakeNvml
 from gpu_monitor.state import Store
-from tests.checks.rig import NVML_READ_ERRORS
+from tests.checks.rig import (
+    NVML_READ_ERRORS,
+    enumeration_fails,
+    healthy_poll,
+    mig_still_judged,
+    rig_fixture,
+)
 
-
-@pytest.fixture
-def rig(check_rig):
-    return partial(check_rig, Throttle)
+rig = rig_fixture(Throttle)
 
 
 def test_healthy_node_reports_every_gpu_ok_with_uuid_and_events(rig):
-    r = rig()
-    results = r.poll()
-    assert sorted(results) == [f"gpu:{i}" for i in range(8)]
-    for i, res in enumerate(results[f"gpu:{i}"] for i in range(8)):
-        assert res.status is Status.OK
-        assert res.details["uuid"] == r.node.spec.gpus[i].uuid
+    for res in healthy_poll(rig()).values():
         assert res.details["active_events"] == ("gpu_idle",)
         assert res.details["window"] == "instantaneous"
         assert res.details["fraction_source"]["hw_thermal_slowdown"] == "violation_counter"
@@ -256,10 +251,7 @@ def test_a_violation_counter_that_fails_leaves_a_quiet_gpu_unknown(rig, error, s
 
 
 def test_gpu_enumeration_failure_is_one_unknown_node_result(rig):
-    r = rig()
-    r.host.nvml = NvmlReader(FakeNvml(r.node.spec, {"nvmlDeviceGetCount": "Unknown"}))
-    (res,) = r.check.poll(r.ctx())
-    assert (res.target, res.status, res.reason) == ("node", Status.UNKNOWN, "NvmlReadError")
+    enumeration_fails(rig())
 
 
 def test_cpu_only_node_is_skipped(rig):
@@ -271,13 +263,9 @@ def test_cpu_only_node_is_skipped(rig):
 
 
 def test_mig_enabled_gpus_are_still_judged(rig):
-    r = rig("throttle@gpu:0,event=hw_slowdown")
-    for gpu in r.node.spec.gpus:
-        gpu.mig_enabled = True
-    assert r.host.nvml.mig_enabled(0)
-    results = r.run_until(200)
+    results = mig_still_judged(rig("throttle@gpu:0,event=hw_slowdown"), "gpu:0", "HwSlowdown",
+                               until=200)
     assert (results["gpu:0"].status, results["gpu:0"].reason) == (Status.FAILED, "HwSlowdown")
-    assert results["gpu:1"].status is Status.OK
 
 
 def test_a_replaced_gpu_starts_a_new_window(rig):

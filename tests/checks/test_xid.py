@@ -62,6 +62,11 @@ class Node:
         (self.tmp / "proc").mkdir(parents=True, exist_ok=True)
         (self.tmp / "proc" / "uptime").write_text(f"{seconds:.2f} 1.00\n")
 
+    def record_reset(self, outcome: str = "ok", details: dict | None = None) -> None:
+        """The remediator's record, now, of a reset of gpu:3 (by index unless ``details``)."""
+        self.store.record_action("reset_gpu", outcome, self.clock.now(),
+                                 {"gpu_index": 3} if details is None else details)
+
     def ctx(self, **overrides) -> Context:
         profile = self.profile.with_overrides({"checks": {"xid": overrides}}) if overrides \
             else self.profile
@@ -235,8 +240,7 @@ def test_repeat_after_a_recorded_reset_climbs_the_ladder(node):
     [r] = check.on_kmsg(rec(xid_line(95, seq=1)), ctx)
     assert r.action is Action.RESET_GPU
     node.clock.advance(60)
-    node.store.record_action("reset_gpu", "ok", node.clock.now(),
-                             {"gpu_uuid": node.spec.gpus[3].uuid, "target": "gpu:3"})
+    node.record_reset(details={"gpu_uuid": node.spec.gpus[3].uuid, "target": "gpu:3"})
     node.clock.advance(60)
     [r] = check.on_kmsg(rec(xid_line(95, seq=2)), ctx)
     assert (r.action, r.details["recoveries"]) == (Action.REBOOT, 1)
@@ -251,7 +255,7 @@ def test_a_dry_run_reset_does_not_count(node):
     ctx = node.ctx()
     check.on_kmsg(rec(xid_line(95, seq=1)), ctx)
     node.clock.advance(60)
-    node.store.record_action("reset_gpu", "dry-run", node.clock.now(), {"gpu_index": 3})
+    node.record_reset("dry-run")
     node.clock.advance(60)
     [r] = check.on_kmsg(rec(xid_line(95, seq=2)), ctx)
     assert r.action is Action.RESET_GPU
@@ -285,7 +289,7 @@ def test_a_recorded_reset_closes_the_problem(node):
     ctx = node.ctx()
     check.on_kmsg(rec(xid_line(119)), ctx)
     node.clock.advance(30)
-    node.store.record_action("reset_gpu", "ok", node.clock.now(), {"gpu_index": 3})
+    node.record_reset()
     assert {r.target: r.reason for r in check.poll(ctx)}["gpu:3"] == "Ok"
 
 
@@ -294,7 +298,7 @@ def test_a_resolved_problem_does_not_hide_a_later_milder_one(node):
     ctx = node.ctx()
     check.on_kmsg(rec(xid_line(79, seq=1)), ctx)
     node.clock.advance(30)
-    node.store.record_action("reset_gpu", "ok", node.clock.now(), {"gpu_index": 3})
+    node.record_reset()
     node.clock.advance(30)
     check.on_kmsg(rec(xid_line(94, seq=2)), ctx)
     gpu3 = {r.target: r for r in check.poll(ctx)}["gpu:3"]

@@ -216,6 +216,13 @@ def test_read_buffer_is_larger_than_any_kernel_record() -> None:
 # --- followed files ------------------------------------------------------------------------
 
 
+def log_file(tmp_path: Path, data: bytes = b"", name: str = "dmesg.log") -> Path:
+    """A kernel log file in ``tmp_path`` holding ``data``."""
+    log = tmp_path / name
+    log.write_bytes(data)
+    return log
+
+
 def append(path: Path, data: bytes) -> None:
     with open(path, "ab") as f:
         f.write(data)
@@ -226,8 +233,7 @@ def messages(items: list[KmsgRecord | KmsgGap]) -> list[str]:
 
 
 def test_file_partial_line_waits_for_its_newline(tmp_path: Path) -> None:
-    log = tmp_path / "dmesg.log"
-    log.write_bytes(b"")
+    log = log_file(tmp_path)
     src = KmsgFileSource(str(log))
     append(log, b"[2397166.923949] NVRM: Xid (PCI:0000:0f:00): 64, pid='<unk")
     assert src.read_available() == []
@@ -245,8 +251,7 @@ def test_file_partial_line_waits_for_its_newline(tmp_path: Path) -> None:
 
 
 def test_file_from_start_false_skips_existing_lines(tmp_path: Path) -> None:
-    log = tmp_path / "dmesg.log"
-    log.write_bytes(b"[1.0] old\n[2.0] older\n")
+    log = log_file(tmp_path, b"[1.0] old\n[2.0] older\n")
     with KmsgFileSource(str(log), from_start=False) as src:
         assert src.read_available() == []
         append(log, b"[3.0] new\n")
@@ -254,8 +259,7 @@ def test_file_from_start_false_skips_existing_lines(tmp_path: Path) -> None:
 
 
 def test_file_continuation_written_with_its_record_is_attached(tmp_path: Path) -> None:
-    log = tmp_path / "dmesg.log"
-    log.write_bytes(b"")
+    log = log_file(tmp_path)
     with KmsgFileSource(str(log)) as src:
         append(
             log,
@@ -273,8 +277,7 @@ def test_file_continuation_written_with_its_record_is_attached(tmp_path: Path) -
 
 
 def test_nul_in_an_indented_line_is_malformed_not_continuation(tmp_path: Path) -> None:
-    log = tmp_path / "dmesg.log"
-    log.write_bytes(b"[1.0] NVRM: a\n    \x00\x00\x00\n    NVRM: b\n")
+    log = log_file(tmp_path, b"[1.0] NVRM: a\n    \x00\x00\x00\n    NVRM: b\n")
     records = list(iter_file(log))
     assert [(r.source_format, r.continuation) for r in records] == [
         ("dmesg", ()),
@@ -284,8 +287,7 @@ def test_nul_in_an_indented_line_is_malformed_not_continuation(tmp_path: Path) -
 
 
 def test_file_record_is_handed_out_when_no_more_data_is_available(tmp_path: Path) -> None:
-    log = tmp_path / "dmesg.log"
-    log.write_bytes(b"[1.0] NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus.\n")
+    log = log_file(tmp_path, b"[1.0] NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus.\n")
     with KmsgFileSource(str(log)) as src:
         assert len(src.read_available()) == 1
         append(log, b"    late continuation\n")
@@ -295,8 +297,7 @@ def test_file_record_is_handed_out_when_no_more_data_is_available(tmp_path: Path
 
 
 def test_file_truncation_restarts_from_the_beginning(tmp_path: Path) -> None:
-    log = tmp_path / "dmesg.log"
-    log.write_bytes(b"[1.0] first boot line one\n[2.0] first boot line two\n")
+    log = log_file(tmp_path, b"[1.0] first boot line one\n[2.0] first boot line two\n")
     with KmsgFileSource(str(log)) as src:
         assert len(src.read_available()) == 2
         log.write_bytes(b"[0.5] after truncate\n")  # shorter than what we have read
@@ -306,8 +307,7 @@ def test_file_truncation_restarts_from_the_beginning(tmp_path: Path) -> None:
 
 
 def test_file_rotation_drains_old_file_then_reads_new_one(tmp_path: Path) -> None:
-    log = tmp_path / "kern.log"
-    log.write_bytes(b"[1.0] before rotation\n")
+    log = log_file(tmp_path, b"[1.0] before rotation\n", name="kern.log")
     with KmsgFileSource(str(log)) as src:
         assert messages(src.read_available()) == ["before rotation"]
         with open(log, "ab") as old:
@@ -325,8 +325,7 @@ def test_file_rotation_drains_old_file_then_reads_new_one(tmp_path: Path) -> Non
 
 
 def test_file_rotated_away_without_successor_keeps_the_old_file(tmp_path: Path) -> None:
-    log = tmp_path / "kern.log"
-    log.write_bytes(b"[1.0] a\n")
+    log = log_file(tmp_path, b"[1.0] a\n", name="kern.log")
     with KmsgFileSource(str(log)) as src:
         assert len(src.read_available()) == 1
         os.rename(log, tmp_path / "kern.log.1")
@@ -357,8 +356,7 @@ def test_file_of_raw_kmsg_records_with_dictionary_lines(tmp_path: Path) -> None:
 
 
 def test_file_max_records_leaves_the_rest_buffered(tmp_path: Path) -> None:
-    log = tmp_path / "dmesg.log"
-    log.write_bytes(b"".join(b"[%d.0] line %d\n" % (i, i) for i in range(10)))
+    log = log_file(tmp_path, b"".join(b"[%d.0] line %d\n" % (i, i) for i in range(10)))
     with KmsgFileSource(str(log)) as src:
         first = src.read_available(max_records=3)
         rest = src.read_available()
@@ -391,8 +389,7 @@ def _shape(records: list[KmsgRecord]) -> list[tuple[str, str | None]]:
 
 
 def test_scan_survives_garbage_binary_and_overlong_lines(tmp_path: Path) -> None:
-    log = tmp_path / "damaged.log"
-    log.write_bytes(GARBAGE)
+    log = log_file(tmp_path, GARBAGE, name="damaged.log")
     records = list(iter_file(log))
     assert _shape(records) == GARBAGE_EXPECTED
     assert [r.line_no for r in records] == [1, 2, 3, 4, 5, 6, 8]
@@ -401,8 +398,7 @@ def test_scan_survives_garbage_binary_and_overlong_lines(tmp_path: Path) -> None
 
 
 def test_followed_file_survives_garbage_and_counts_parse_errors(tmp_path: Path) -> None:
-    log = tmp_path / "damaged.log"
-    log.write_bytes(b"")
+    log = log_file(tmp_path, name="damaged.log")
     with KmsgFileSource(str(log)) as src:
         got: list[KmsgRecord] = []
         for i in range(0, len(GARBAGE), 4096):  # arrives in pieces
@@ -413,8 +409,7 @@ def test_followed_file_survives_garbage_and_counts_parse_errors(tmp_path: Path) 
 
 
 def test_followed_overlong_line_does_not_grow_the_buffer(tmp_path: Path) -> None:
-    log = tmp_path / "dmesg.log"
-    log.write_bytes(b"")
+    log = log_file(tmp_path)
     with KmsgFileSource(str(log)) as src:
         append(log, b"B" * (3 * MAX_LINE_BYTES))
         (bad,) = only_records(src.read_available())
@@ -425,15 +420,13 @@ def test_followed_overlong_line_does_not_grow_the_buffer(tmp_path: Path) -> None
 
 
 def test_file_without_trailing_newline_scans_its_last_line(tmp_path: Path) -> None:
-    log = tmp_path / "dmesg.log"
-    log.write_bytes(b"[1.0] a\n[2.0] b")
+    log = log_file(tmp_path, b"[1.0] a\n[2.0] b")
     assert [r.message for r in iter_file(log)] == ["a", "b"]
     assert list(iter_file(tmp_path / "dmesg.log"))[1].line_no == 2
 
 
 def test_empty_file_yields_nothing(tmp_path: Path) -> None:
-    log = tmp_path / "empty.log"
-    log.write_bytes(b"")
+    log = log_file(tmp_path, name="empty.log")
     assert list(iter_file(log)) == []
     with KmsgFileSource(str(log)) as src:
         assert src.read_available() == [] and src.parse_errors == 0
@@ -575,8 +568,7 @@ def test_what_cannot_be_read_as_a_log_raises_naming_the_path(tmp_path: Path, kin
 
 
 def test_open_kmsg_uses_the_file_given_by_kmsg_override(tmp_path: Path) -> None:
-    log = tmp_path / "saved.log"
-    log.write_bytes(b"[1.0] a\n")
+    log = log_file(tmp_path, b"[1.0] a\n", name="saved.log")
     with open_kmsg(HostPaths(kmsg=str(log))) as src:
         assert isinstance(src, KmsgFileSource)
         assert src.path == str(log)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -38,6 +39,14 @@ from gpu_monitor.sim.spec import GpuSpec, NodeSpec
 
 H100 = "NVIDIA H100 80GB HBM3"
 K = NvmlErrorKind
+
+
+def nvml_raises(kind: NvmlErrorKind, call: Callable[..., object], *args: Any) -> NvmlError:
+    """The NvmlError ``call(*args)`` raises, held to ``kind``."""
+    with pytest.raises(NvmlError) as info:
+        call(*args)
+    assert info.value.kind is kind
+    return info.value
 
 
 def make_spec(n: int = 8, name: str = H100, **gpu_fields: Any) -> NodeSpec:
@@ -153,9 +162,7 @@ def test_missing_bindings_make_the_reader_unavailable_not_crashed():
     assert not reader.available()
     assert reader.unavailable_reason() == "nvidia-ml-py not installed"
     assert reader.init_error.kind is K.BINDINGS_MISSING
-    with pytest.raises(NvmlError) as info:
-        reader.gpus()
-    assert info.value.kind is K.BINDINGS_MISSING
+    nvml_raises(K.BINDINGS_MISSING, reader.gpus)
 
 
 def test_broken_bindings_are_unavailable_with_the_error():
@@ -212,9 +219,7 @@ def test_reader_calls_when_unavailable_raise_the_init_kind(spec):
     spec.nvml_library_missing = True
     reader = NvmlReader(FakeNvml(spec))
     for call in (reader.system, reader.count, lambda: reader.ecc(0), lambda: reader.fabric(0)):
-        with pytest.raises(NvmlError) as info:
-            call()
-        assert info.value.kind is K.LIBRARY_NOT_FOUND
+        nvml_raises(K.LIBRARY_NOT_FOUND, call)
 
 
 def _nvml_library_loadable() -> bool:
@@ -308,9 +313,7 @@ def test_non_nvml_exceptions_are_not_disguised_as_hardware_findings(fake):
 
 def test_call_missing_from_old_bindings_is_function_not_found(fake):
     reader = NvmlReader(Overlay(fake, hidden=("nvmlDeviceGetRowRemapperHistogram",)))
-    with pytest.raises(NvmlError) as info:
-        reader.remap_histogram(0)
-    assert info.value.kind is K.FUNCTION_NOT_FOUND
+    nvml_raises(K.FUNCTION_NOT_FOUND, reader.remap_histogram, 0)
 
 
 # --- system and enumeration ------------------------------------------------------------------
@@ -452,9 +455,7 @@ def test_gpu_info_never_raises_whatever_bus_id_nvml_returns(bus_id):
 
 def test_count_error_raises(reader, fake):
     fake.system_errors["nvmlDeviceGetCount"] = "Unknown"
-    with pytest.raises(NvmlError) as info:
-        reader.gpus()
-    assert info.value.kind is K.UNKNOWN and info.value.call == "nvmlDeviceGetCount"
+    assert nvml_raises(K.UNKNOWN, reader.gpus).call == "nvmlDeviceGetCount"
 
 
 # --- handle cache ----------------------------------------------------------------------------
@@ -470,9 +471,7 @@ def test_handles_are_cached(reader, fake):
 def test_gpu_is_lost_drops_the_cached_handle(reader, fake, spec):
     reader.ecc(1)
     spec.gpus[1].nvml_errors["nvmlDeviceGetRemappedRows"] = "GpuIsLost"
-    with pytest.raises(NvmlError) as info:
-        reader.remapped_rows(1)
-    assert info.value.kind is K.GPU_LOST
+    nvml_raises(K.GPU_LOST, reader.remapped_rows, 1)
     del spec.gpus[1].nvml_errors["nvmlDeviceGetRemappedRows"]
     assert reader.remapped_rows(1) == RemapInfo(0, 0, False, False)
     assert fake.calls["nvmlDeviceGetHandleByIndex"] == 2
@@ -491,9 +490,7 @@ def test_lost_gpu_keeps_failing_until_it_comes_back(reader, spec):
     assert reader.pcie_replay_counter(0) == 0
     spec.gpus[0].lost = True
     for _ in range(2):
-        with pytest.raises(NvmlError) as info:
-            reader.pcie_replay_counter(0)
-        assert info.value.kind is K.GPU_LOST
+        nvml_raises(K.GPU_LOST, reader.pcie_replay_counter, 0)
     spec.gpus[0].lost = False
     assert reader.pcie_replay_counter(0) == 0
 
@@ -524,25 +521,19 @@ def test_ecc_unsupported_counters_are_none(reader, spec):
                                              ("NoPermission", K.NO_PERMISSION)])
 def test_ecc_mode_errors_raise(reader, spec, error, kind):
     spec.gpus[0].nvml_errors["nvmlDeviceGetEccMode"] = error
-    with pytest.raises(NvmlError) as info:
-        reader.ecc(0)
-    assert info.value.kind is kind
+    nvml_raises(kind, reader.ecc, 0)
 
 
 def test_ecc_counter_errors_other_than_not_supported_raise(reader, spec):
     spec.gpus[0].nvml_errors["nvmlDeviceGetTotalEccErrors"] = "Unknown"
-    with pytest.raises(NvmlError) as info:
-        reader.ecc(0)
-    assert info.value.kind is K.UNKNOWN
+    nvml_raises(K.UNKNOWN, reader.ecc, 0)
 
 
 def test_retired_pages_on_volta_and_not_supported_on_hopper(reader):
     volta = NvmlReader(FakeNvml(make_spec(1, name="Tesla V100-SXM2-32GB", retired_pages=4)))
     pages = volta.retired_pages(0)
     assert (pages.single_bit, pages.double_bit, pages.pending) == (0, 4, False)
-    with pytest.raises(NvmlError) as info:
-        reader.retired_pages(0)
-    assert info.value.kind is K.NOT_SUPPORTED
+    nvml_raises(K.NOT_SUPPORTED, reader.retired_pages, 0)
 
 
 def test_remapped_rows_with_faults(reader, spec):
@@ -553,9 +544,7 @@ def test_remapped_rows_with_faults(reader, spec):
 
 def test_remapped_rows_not_supported_before_ampere():
     reader = NvmlReader(FakeNvml(make_spec(1, name="Tesla V100-SXM2-32GB")))
-    with pytest.raises(NvmlError) as info:
-        reader.remapped_rows(0)
-    assert info.value.kind is K.NOT_SUPPORTED
+    nvml_raises(K.NOT_SUPPORTED, reader.remapped_rows, 0)
 
 
 def test_remap_histogram(reader, spec):
@@ -566,9 +555,7 @@ def test_remap_histogram(reader, spec):
 
 def test_remap_histogram_on_a_driver_without_it(reader, spec):
     spec.gpus[0].nvml_errors["nvmlDeviceGetRowRemapperHistogram"] = "FunctionNotFound"
-    with pytest.raises(NvmlError) as info:
-        reader.remap_histogram(0)
-    assert info.value.kind is K.FUNCTION_NOT_FOUND
+    nvml_raises(K.FUNCTION_NOT_FOUND, reader.remap_histogram, 0)
 
 
 # --- clocks, temperature, power --------------------------------------------------------------
@@ -595,9 +582,7 @@ def test_clock_event_reasons_with_old_bindings(fake, spec):
 
 def test_clock_event_reasons_other_errors_do_not_fall_back(reader, spec):
     spec.gpus[0].nvml_errors["nvmlDeviceGetCurrentClocksEventReasons"] = "GpuIsLost"
-    with pytest.raises(NvmlError) as info:
-        reader.clock_event_reasons(0)
-    assert info.value.kind is K.GPU_LOST
+    nvml_raises(K.GPU_LOST, reader.clock_event_reasons, 0)
 
 
 def test_violation_time_by_name_and_by_constant(reader, spec):
@@ -630,10 +615,8 @@ def test_field_values_call_not_supported_is_none(reader, spec):
 def test_memory_temperature_field_errors_raise(reader, spec, fake, error, kind):
     reader.ecc(0)
     spec.gpus[0].nvml_errors["NVML_FI_DEV_MEMORY_TEMP"] = error
-    with pytest.raises(NvmlError) as info:
-        reader.temperatures(0)
-    assert info.value.kind is kind
-    assert info.value.call == "nvmlDeviceGetFieldValues(NVML_FI_DEV_MEMORY_TEMP)"
+    err = nvml_raises(kind, reader.temperatures, 0)
+    assert err.call == "nvmlDeviceGetFieldValues(NVML_FI_DEV_MEMORY_TEMP)"
 
 
 def test_core_temperature_error_raises(reader, spec):
@@ -701,9 +684,7 @@ def test_link_state_errors_say_why_each_link_is_unreadable_or_where_the_links_en
 
 def test_nvlink_state_on_a_lost_gpu_raises(reader, spec):
     spec.gpus[0].lost = True
-    with pytest.raises(NvmlError) as info:
-        reader.nvlink_states(0)
-    assert info.value.kind is K.GPU_LOST
+    nvml_raises(K.GPU_LOST, reader.nvlink_states, 0)
 
 
 def test_nvlink_error_counters(reader, spec):
@@ -731,9 +712,7 @@ def test_pcie_link_and_replays(reader, spec):
 
 def test_pcie_link_error_raises(reader, spec):
     spec.gpus[0].nvml_errors["nvmlDeviceGetMaxPcieLinkWidth"] = "NoPermission"
-    with pytest.raises(NvmlError) as info:
-        reader.pcie_link(0)
-    assert info.value.kind is K.NO_PERMISSION
+    nvml_raises(K.NO_PERMISSION, reader.pcie_link, 0)
 
 
 def test_fabric_completed(reader, fake):
@@ -778,16 +757,12 @@ def test_fabric_with_bindings_lacking_the_versioned_call(fake):
 def test_fabric_with_bindings_lacking_both(fake):
     reader = NvmlReader(Overlay(fake, hidden=("nvmlDeviceGetGpuFabricInfoV",
                                               "nvmlDeviceGetGpuFabricInfo")))
-    with pytest.raises(NvmlError) as info:
-        reader.fabric(0)
-    assert info.value.kind is K.FUNCTION_NOT_FOUND
+    nvml_raises(K.FUNCTION_NOT_FOUND, reader.fabric, 0)
 
 
 def test_fabric_lost_gpu_raises(reader, spec):
     spec.gpus[0].lost = True
-    with pytest.raises(NvmlError) as info:
-        reader.fabric(0)
-    assert info.value.kind is K.GPU_LOST
+    nvml_raises(K.GPU_LOST, reader.fabric, 0)
 
 
 # --- MIG and processes -----------------------------------------------------------------------
@@ -843,9 +818,7 @@ def test_processes_fall_back_to_v2_on_an_old_driver(reader, spec, fake):
 
 def test_processes_compute_errors_raise(reader, spec):
     spec.gpus[0].nvml_errors["nvmlDeviceGetComputeRunningProcesses"] = "NoPermission"
-    with pytest.raises(NvmlError) as info:
-        reader.processes(0)
-    assert info.value.kind is K.NO_PERMISSION
+    nvml_raises(K.NO_PERMISSION, reader.processes, 0)
 
 
 # --- threads ---------------------------------------------------------------------------------

@@ -558,14 +558,21 @@ class FakeApiServer(SeedingMixin, HttpFrontMixin):
         rt = self._pods.get(key)
         if rt is not None:
             rt.delete_at = None
-        if pod["metadata"].get("finalizers"):
-            if not pod["metadata"].get("deletionTimestamp"):
-                pod = copy.deepcopy(pod)
-                pod["metadata"]["deletionTimestamp"] = rfc3339()
-                pod["metadata"]["deletionGracePeriodSeconds"] = 0
-                self._write(res, pod, "MODIFIED")
-            return
-        self._delete_now(res, key)
+        if self._held_by_finalizers(res, pod) is None:
+            self._delete_now(res, key)
+
+    def _held_by_finalizers(self, res: Resource, obj: dict) -> dict | None:
+        """An object with finalizers is not deleted: it is marked (a deletionTimestamp, once)
+        and stays until they are gone. The object as it now stands, or None when nothing
+        holds it."""
+        if not obj["metadata"].get("finalizers"):
+            return None
+        if not obj["metadata"].get("deletionTimestamp"):
+            obj = copy.deepcopy(obj)
+            obj["metadata"]["deletionTimestamp"] = rfc3339()
+            obj["metadata"]["deletionGracePeriodSeconds"] = 0
+            self._write(res, obj, "MODIFIED")
+        return obj
 
     def _recreate_pod(self, old: dict) -> None:
         pod = copy.deepcopy(old)
@@ -1042,13 +1049,9 @@ class FakeApiServer(SeedingMixin, HttpFrontMixin):
             return 200, to_view(res, copy.deepcopy(obj))
         if res.store_key == ("", "pods"):
             return 200, self._delete_pod(key, options)
-        if obj["metadata"].get("finalizers"):
-            if not obj["metadata"].get("deletionTimestamp"):
-                obj = copy.deepcopy(obj)
-                obj["metadata"]["deletionTimestamp"] = rfc3339()
-                obj["metadata"]["deletionGracePeriodSeconds"] = 0
-                self._write(res, obj, "MODIFIED")
-            return 200, to_view(res, copy.deepcopy(obj))
+        held = self._held_by_finalizers(res, obj)
+        if held is not None:
+            return 200, to_view(res, copy.deepcopy(held))
         gone = self._delete_now(res, key)
         return 200, status_body(
             None, None, None, status_details(res, name, uid=gone["metadata"]["uid"]), ok=True

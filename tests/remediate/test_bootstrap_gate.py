@@ -41,6 +41,21 @@ def node_client(api, clock):
     return KubeDelivery(lambda: Kube(client.ApiClient(cfg), clock), "n1", clock)
 
 
+def gate_for(api, suite, *, passed: str | None = None, **kw):
+    """A BootstrapGate running ``suite`` over a fresh store on a fake clock, delivering to the
+    fake apiserver ``api`` (a ``delivery`` in ``kw`` replaces it), not a dry run unless ``kw``
+    says so; ``passed``: a pass recorded before. (gate, clock, store)"""
+    clock = FakeClock()
+    store = Store.open(":memory:", clock)
+    if passed is not None:
+        store.set_kv("bootstrap", "passed", passed)
+    kw.setdefault("dry_run", False)
+    if "delivery" not in kw:
+        nc = node_client(api, clock)
+        kw["delivery"] = lambda: nc
+    return BootstrapGate(store, suite, clock, **kw), clock, store
+
+
 def taint_keys(api):
     return [t["key"] for t in api.node("n1")["spec"].get("taints") or []]
 
@@ -50,12 +65,8 @@ def conditions(api):
 
 
 def test_failed_suite_keeps_taint_sets_condition_and_retries_later(api):
-    clock = FakeClock()
-    store = Store.open(":memory:", clock)
     outcomes = [report(Status.FAILED), report(Status.OK)]
-    nc = node_client(api, clock)
-    gate = BootstrapGate(store, lambda: outcomes.pop(0), clock, delivery=lambda: nc,
-                         dry_run=False, retry_s=600)
+    gate, clock, store = gate_for(api, lambda: outcomes.pop(0), retry_s=600)
     assert gate.step() == "failed"
     assert BOOTSTRAP_TAINT in taint_keys(api)
     cond = conditions(api)[CONDITION]
@@ -70,39 +81,26 @@ def test_failed_suite_keeps_taint_sets_condition_and_retries_later(api):
 
 
 def test_recorded_pass_skips_the_suite_and_releases_a_new_taint(api):
-    clock = FakeClock()
-    store = Store.open(":memory:", clock)
-    store.set_kv("bootstrap", "passed", "2026-01-01T00:00:00Z")
-    nc = node_client(api, clock)
-
     def never():
         raise AssertionError("suite must not run again after a recorded pass")
 
-    gate = BootstrapGate(store, never, clock, delivery=lambda: nc, dry_run=False)
+    gate, _, _ = gate_for(api, never, passed="2026-01-01T00:00:00Z")
     assert gate.step() == "passed"
     assert BOOTSTRAP_TAINT not in taint_keys(api)
 
 
 def test_dry_run_changes_nothing_on_the_node(api):
-    clock = FakeClock()
-    store = Store.open(":memory:", clock)
-    nc = node_client(api, clock)
-    gate = BootstrapGate(store, lambda: report(Status.OK), clock, delivery=lambda: nc,
-                         dry_run=True)
+    gate, _, _ = gate_for(api, lambda: report(Status.OK), dry_run=True)
     assert gate.step() == "passed"
     assert BOOTSTRAP_TAINT in taint_keys(api)
     assert CONDITION not in conditions(api)
 
 
 def test_undecided_suite_is_unknown_and_without_api_nothing_breaks():
-    clock = FakeClock()
-    store = Store.open(":memory:", clock)
-
     def no_api():
         raise RuntimeError("no in-cluster config")
 
-    gate = BootstrapGate(store, lambda: report(Status.UNKNOWN), clock, delivery=no_api,
-                         dry_run=False)
+    gate, _, store = gate_for(None, lambda: report(Status.UNKNOWN), delivery=no_api)
     assert gate.step() == "unknown"
     assert store.get_kv("bootstrap", "last")["verdict"] == "unknown"
     assert not gate.passed()
@@ -115,11 +113,7 @@ NO_TORCH = "torch is not installed (install gpu-monitor[active])"
 
 
 def test_a_healthy_suite_on_an_image_without_torch_keeps_the_taint_and_records_no_pass(api):
-    clock = FakeClock()
-    store = Store.open(":memory:", clock)
-    nc = node_client(api, clock)
-    gate = BootstrapGate(store, lambda: report(Status.OK), clock, delivery=lambda: nc,
-                         dry_run=False, active_runtime=lambda: NO_TORCH)
+    gate, _, store = gate_for(api, lambda: report(Status.OK), active_runtime=lambda: NO_TORCH)
     assert gate.step() == "unknown"
     assert BOOTSTRAP_TAINT in taint_keys(api)
     assert not gate.passed() and store.get_kv("bootstrap", "passed") is None
@@ -130,16 +124,11 @@ def test_a_healthy_suite_on_an_image_without_torch_keeps_the_taint_and_records_n
 
 
 def test_a_recorded_pass_is_not_acted_on_by_an_image_without_torch(api):
-    clock = FakeClock()
-    store = Store.open(":memory:", clock)
-    store.set_kv("bootstrap", "passed", "2026-01-01T00:00:00Z")
-    nc = node_client(api, clock)
-
     def never():
         raise AssertionError("a recorded pass is not re-run")
 
-    gate = BootstrapGate(store, never, clock, delivery=lambda: nc, dry_run=False,
-                         active_runtime=lambda: NO_TORCH)
+    gate, _, store = gate_for(api, never, passed="2026-01-01T00:00:00Z",
+                              active_runtime=lambda: NO_TORCH)
     assert gate.step() == "blocked"
     assert BOOTSTRAP_TAINT in taint_keys(api)
     assert store.get_kv("bootstrap", "passed")  # the full image's pass stays recorded
@@ -148,15 +137,10 @@ def test_a_recorded_pass_is_not_acted_on_by_an_image_without_torch(api):
 
 
 def test_a_runtime_probe_that_raises_earns_no_pass(api):
-    clock = FakeClock()
-    store = Store.open(":memory:", clock)
-    nc = node_client(api, clock)
-
     def broken():
         raise OSError("permission denied")
 
-    gate = BootstrapGate(store, lambda: report(Status.OK), clock, delivery=lambda: nc,
-                         dry_run=False, active_runtime=broken)
+    gate, _, _ = gate_for(api, lambda: report(Status.OK), active_runtime=broken)
     assert gate.step() == "unknown" and BOOTSTRAP_TAINT in taint_keys(api)
     assert "permission denied" in conditions(api)[CONDITION]["message"]
 
@@ -190,11 +174,8 @@ def daemon_env(tmp_path):
 
 
 def test_the_passive_image_keeps_the_taint_and_records_no_pass(api, daemon_env):
-    from gpu_monitor.daemon import make_bootstrap_gate
-
     env = daemon_env("missing@node,what=torch", disabled=["rdma_loopback", "dcgm_diag"])
-    nc = node_client(api, env.clock)
-    gate = make_bootstrap_gate(env, lambda: nc)
+    gate = daemon_gate(api, env)
     assert gate.step() == "unknown"
     assert BOOTSTRAP_TAINT in taint_keys(api)
     assert store_pass(env) is None
@@ -205,11 +186,8 @@ def test_the_passive_image_keeps_the_taint_and_records_no_pass(api, daemon_env):
 
 
 def test_the_passive_image_cannot_pass_even_with_every_active_check_disabled(api, daemon_env):
-    from gpu_monitor.daemon import make_bootstrap_gate
-
     env = daemon_env("missing@node,what=torch", disabled=_SLOW)
-    nc = node_client(api, env.clock)
-    gate = make_bootstrap_gate(env, lambda: nc)
+    gate = daemon_gate(api, env)
     assert gate.step() == "unknown"
     assert BOOTSTRAP_TAINT in taint_keys(api) and store_pass(env) is None
     last = env.store.get_kv("bootstrap", "last")
@@ -219,13 +197,18 @@ def test_the_passive_image_cannot_pass_even_with_every_active_check_disabled(api
 
 def test_the_full_image_with_the_same_checks_disabled_passes_and_lifts_the_taint(api, daemon_env):
     """The control for the two above: the same suite where torch is there."""
-    from gpu_monitor.daemon import make_bootstrap_gate
-
     env = daemon_env(disabled=_SLOW)
-    nc = node_client(api, env.clock)
-    gate = make_bootstrap_gate(env, lambda: nc)
+    gate = daemon_gate(api, env)
     assert gate.step() == "passed"
     assert BOOTSTRAP_TAINT not in taint_keys(api) and store_pass(env)
+
+
+def daemon_gate(api, env):
+    """The daemon's own gate (make_bootstrap_gate) for ``env``, delivering to ``api``."""
+    from gpu_monitor.daemon import make_bootstrap_gate
+
+    nc = node_client(api, env.clock)
+    return make_bootstrap_gate(env, lambda: nc)
 
 
 def store_pass(env):

@@ -47,6 +47,21 @@ def tools(tmp_path):
     return CommandRunner(search_path=[str(bin_dir)]), write
 
 
+def with_dcgm_failure(tools, gpu: int, test: str):
+    """The fake tools' runner, with dcgmi's ``test`` failing on GPU ``gpu``."""
+    runner, write = tools
+    s = state()
+    s["gpus"][gpu]["dcgm_failures"] = [test]
+    write(s)
+    return runner
+
+
+def dcgmi_diag(runner, level: int, json: bool = True):
+    """``dcgmi diag -r LEVEL`` (``-j`` for its JSON unless ``json`` is False), run as a check
+    runs it."""
+    return runner.run(["dcgmi", "diag", "-r", str(level), *(["-j"] if json else [])], timeout=30)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -68,7 +83,7 @@ def test_install_writes_executables_for_this_python(tmp_path):
 @pytest.mark.parametrize("level, tests", [(1, 10), (2, 12), (3, 16), (4, 18)])
 def test_dcgmi_diag_levels_pass_on_every_gpu(tools, level, tests):
     runner, _ = tools
-    out = runner.run(["dcgmi", "diag", "-r", str(level), "-j"], timeout=30)
+    out = dcgmi_diag(runner, level)
     assert out.returncode == 0, out.stderr
     diag = parse_diag(out.stdout)
     assert (diag.shape, diag.version) == ("3.x", "3.3.9")
@@ -79,11 +94,8 @@ def test_dcgmi_diag_levels_pass_on_every_gpu(tools, level, tests):
 
 
 def test_dcgmi_reports_an_injected_failure_with_dcgm_error_fields(tools):
-    runner, write = tools
-    s = state()
-    s["gpus"][2]["dcgm_failures"] = ["memory"]
-    write(s)
-    out = runner.run(["dcgmi", "diag", "-r", "2", "-j"], timeout=30)
+    runner = with_dcgm_failure(tools, 2, "memory")
+    out = dcgmi_diag(runner, 2)
     assert out.returncode == 205  # NVVS_ISOLATE_ERROR: memory failures isolate the GPU
     diag = parse_diag(out.stdout)
     (bad,) = diag.with_status(DiagStatus.FAIL)
@@ -95,22 +107,16 @@ def test_dcgmi_reports_an_injected_failure_with_dcgm_error_fields(tools):
 
 
 def test_a_failing_test_outside_the_level_is_still_run(tools):
-    runner, write = tools
-    s = state()
-    s["gpus"][1]["dcgm_failures"] = ["memtest"]
-    write(s)
-    out = runner.run(["dcgmi", "diag", "-r", "1", "-j"], timeout=30)
+    runner = with_dcgm_failure(tools, 1, "memtest")
+    out = dcgmi_diag(runner, 1)
     diag = parse_diag(out.stdout)
     assert [(r.test, r.gpu, r.status) for r in diag.results if r.test == "memtest"] == [
         ("memtest", g, DiagStatus.FAIL if g == 1 else DiagStatus.PASS) for g in range(4)]
 
 
 def test_a_failing_deployment_test_splits_the_shared_result(tools):
-    runner, write = tools
-    s = state()
-    s["gpus"][3]["dcgm_failures"] = ["Persistence Mode"]
-    write(s)
-    out = runner.run(["dcgmi", "diag", "-r", "1", "-j"], timeout=30)
+    runner = with_dcgm_failure(tools, 3, "Persistence Mode")
+    out = dcgmi_diag(runner, 1)
     assert out.returncode == 226  # NVVS_ERROR
     diag = parse_diag(out.stdout)
     pm = [r for r in diag.results if r.test == "Persistence Mode"]
@@ -120,11 +126,8 @@ def test_a_failing_deployment_test_splits_the_shared_result(tools):
 
 
 def test_dcgmi_text_table_round_trips_through_the_text_parser(tools):
-    runner, write = tools
-    s = state()
-    s["gpus"][0]["dcgm_failures"] = ["pcie"]
-    write(s)
-    out = runner.run(["dcgmi", "diag", "-r", "2"], timeout=30)
+    runner = with_dcgm_failure(tools, 0, "pcie")
+    out = dcgmi_diag(runner, 2, json=False)
     diag = parse_diag(out.stdout)
     assert diag.shape == "text" and diag.complete
     assert diag.driver_version == "550.90.07"
@@ -137,7 +140,7 @@ def test_dcgmi_text_table_round_trips_through_the_text_parser(tools):
 def test_dcgmi_without_host_engine_says_so_and_fails(tools):
     runner, write = tools
     write(state(dcgm_available=False))
-    out = runner.run(["dcgmi", "diag", "-r", "2", "-j"], timeout=30)
+    out = dcgmi_diag(runner, 2)
     assert out.returncode != 0
     assert connection_error(out.stdout) == ("Error: unable to establish a connection to the "
                                             "specified host: localhost")
@@ -152,7 +155,7 @@ def test_dcgmi_with_a_remote_host_cannot_connect(tools):
 
 def test_dcgmi_bad_level_and_unknown_subsystem_fail(tools):
     runner, _ = tools
-    assert runner.run(["dcgmi", "diag", "-r", "9", "-j"], timeout=30).returncode != 0
+    assert dcgmi_diag(runner, 9).returncode != 0
     assert runner.run(["dcgmi", "nvlink", "-s"], timeout=30).returncode != 0
 
 
@@ -251,7 +254,7 @@ def test_simulated_node_faults_reach_the_tools():
                         [parse("dcgm-fail@gpu:2,test=memtest"), parse("ib-bw@ib:mlx5_1:1,gbit=100")])
     try:
         runner = sim.host().commands
-        diag = parse_diag(runner.run(["dcgmi", "diag", "-r", "2", "-j"], timeout=30).stdout)
+        diag = parse_diag(dcgmi_diag(runner, 2).stdout)
         assert [(r.test, r.gpu) for r in diag.with_status(DiagStatus.FAIL)] == [("memtest", 2)]
         assert diag.gpus == tuple(range(8))
         args = ["-d", "mlx5_1", "-p", str(free_port()), "-s", "8388608", "--report_gbits"]
@@ -267,21 +270,21 @@ def test_simulated_node_faults_reach_the_tools():
 def test_dcgm_output_drops_a_gpu_from_every_result_and_the_detected_ids(tools):
     runner, write = tools
     write(state(dcgm_output={"drop": [2]}))
-    diag = parse_diag(runner.run(["dcgmi", "diag", "-r", "2", "-j"], timeout=30).stdout)
+    diag = parse_diag(dcgmi_diag(runner, 2).stdout)
     assert diag.gpus == (0, 1, 3)
-    text = parse_diag(runner.run(["dcgmi", "diag", "-r", "2"], timeout=30).stdout)
+    text = parse_diag(dcgmi_diag(runner, 2, json=False).stdout)
     assert len(text.device_ids) == 3
 
 
 def test_dcgm_output_text_despite_j_cut_after_lines_other_exit_and_status(tools):
     runner, write = tools
     write(state(dcgm_output={"format": "text", "lines": 12, "exit": 3}))
-    out = runner.run(["dcgmi", "diag", "-r", "2", "-j"], timeout=30)
+    out = dcgmi_diag(runner, 2)
     assert out.returncode == 3 and len(out.stdout.splitlines()) == 12
     diag = parse_diag(out.stdout)
     assert diag.shape == "text" and diag.complete is False
     write(state(dcgm_output={"status": "Banana"}))
-    out = runner.run(["dcgmi", "diag", "-r", "2", "-j"], timeout=30)
+    out = dcgmi_diag(runner, 2)
     assert '"status" : "Banana"' in out.stdout and out.returncode == 0
 
 
@@ -289,7 +292,7 @@ def test_dcgm_output_prints_a_recorded_file(tools, tmp_path, fixtures_dir):
     runner, write = tools
     recorded = fixtures_dir / "dcgm_diag" / "dcgm_3x_diag_json_4gpu_testfixture_warnings_fail.json"
     write(state(dcgm_output={"file": str(recorded), "exit": 226}))
-    out = runner.run(["dcgmi", "diag", "-r", "2", "-j"], timeout=30)
+    out = dcgmi_diag(runner, 2)
     assert (out.stdout, out.returncode) == (recorded.read_text(), 226)
 
 
@@ -321,7 +324,7 @@ def test_output_faults_reach_the_tools_through_the_simulated_node(tmp_path):
                          parse("ib-bw@ib:mlx5_0:1,gbit=1e30")])
     try:
         runner = sim.host().commands
-        out = runner.run(["dcgmi", "diag", "-r", "2", "-j"], timeout=30)
+        out = dcgmi_diag(runner, 2)
         assert out.returncode == 7 and 5 not in parse_diag(out.stdout).gpus
         client, _, _ = loopback(runner, ["-d", "mlx5_0", "-p", str(free_port()), "-s",
                                          "8388608", "--report_gbits"])
