@@ -207,6 +207,24 @@ def rig_fixture(check: type[Check], **kw: Any):
     return rig
 
 
+def judged_fixture(check: type[Check], **run_kw: Any):
+    """A test module's ``judged`` fixture: ``judged(*faults, config=, expect=)`` builds the
+    one-shot ``node`` with those faults and returns a fresh ``check`` run once on it through
+    the runner (``run_once`` with ``run_kw``), results by target. A module says
+    ``judged = judged_fixture(Check)``; a test that edits the node before the run uses
+    ``node`` itself."""
+
+    @pytest.fixture
+    def judged(node):
+        def judge(*faults: Any, **kw: Any) -> Results:
+            _, ctx = node(*faults, **kw)
+            return run_once(check(), ctx, **run_kw)
+
+        return judge
+
+    return judged
+
+
 def healthy_poll(rig: CheckRig, count: int = 8) -> Results:
     """The first poll of a healthy node: one result per GPU (``count`` of them), each OK and
     naming its GPU's uuid; the results by target."""
@@ -265,6 +283,12 @@ def one_per_target(results: Iterable[Result]) -> Results:
 
 def not_ok(res: Results) -> dict[str, tuple[Status, str]]:
     return {t: (r.status, r.reason) for t, r in res.items() if r.status is not Status.OK}
+
+
+def all_ok(res: Results, targets: Iterable[str]) -> None:
+    """A healthy node's results: exactly ``targets``, none of them anything but OK."""
+    assert sorted(res) == sorted(targets)
+    assert not_ok(res) == {}
 
 
 def run_once(check: Check, ctx: Context, succeed: bool = True) -> Results:

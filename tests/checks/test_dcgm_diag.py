@@ -11,27 +11,27 @@ from checks.dcgm_diag import DcgmDiag
 from gpu_monitor.config import DEFAULT_CONFIG, Config
 from gpu_monitor.hw.command import CommandRunner
 from gpu_monitor.model import Action, Status
-from tests.checks.rig import fake_tool, not_ok, run_once
+from tests.checks.rig import all_ok, fake_tool, judged_fixture, not_ok, run_once
 
 
 def run(ctx):
     return run_once(DcgmDiag(), ctx, succeed=False)
 
 
-def test_healthy_node_passes_every_test_on_every_gpu(node):
-    _, ctx = node()
-    res = run(ctx)
-    assert sorted(res) == [f"gpu:{i}" for i in range(8)]
-    assert not_ok(res) == {}
+judged = judged_fixture(DcgmDiag, succeed=False)
+
+
+def test_healthy_node_passes_every_test_on_every_gpu(judged):
+    res = judged()
+    all_ok(res, [f"gpu:{i}" for i in range(8)])
     d = res["gpu:3"].details
     assert d["level"] == 2 and d["command"] == "dcgmi diag -r 2 -j"
     assert len(d["tests"]) == 12 and set(d["tests"].values()) == {"pass"}
     assert d["dcgm_version"] == "3.3.9" and d["uuid"].startswith("GPU-")
 
 
-def test_injected_failure_fails_the_named_gpu_with_test_warning_and_error_id(node):
-    _, ctx = node("dcgm-fail@gpu:2,test=memtest")
-    res = run(ctx)
+def test_injected_failure_fails_the_named_gpu_with_test_warning_and_error_id(judged):
+    res = judged("dcgm-fail@gpu:2,test=memtest")
     assert not_ok(res) == {"gpu:2": (Status.FAILED, "DcgmDiagFail")}
     r = res["gpu:2"]
     (failure,) = r.details["failures"]
@@ -43,19 +43,17 @@ def test_injected_failure_fails_the_named_gpu_with_test_warning_and_error_id(nod
     assert "memtest" in r.message and "error_id 58" in r.message
 
 
-def test_failures_on_several_gpus_and_tests_are_all_reported(node):
-    _, ctx = node("dcgm-fail@gpu:1,test=memory", "dcgm-fail@gpu:6,test=pcie",
-                  "dcgm-fail@gpu:6,test=targeted_power")
-    res = run(ctx)
+def test_failures_on_several_gpus_and_tests_are_all_reported(judged):
+    res = judged("dcgm-fail@gpu:1,test=memory", "dcgm-fail@gpu:6,test=pcie",
+                 "dcgm-fail@gpu:6,test=targeted_power")
     assert not_ok(res) == {"gpu:1": (Status.FAILED, "DcgmDiagFail"),
                            "gpu:6": (Status.FAILED, "DcgmDiagFail")}
     assert [f["test"] for f in res["gpu:6"].details["failures"]] == ["pcie", "targeted_power"]
     assert res["gpu:6"].action is Action.NONE  # TRIAGE severities: a person decides
 
 
-def test_level_comes_from_config(node):
-    _, ctx = node(config=Config(checks={"dcgm_diag": {"level": 3}}))
-    r = run(ctx)["gpu:0"]
+def test_level_comes_from_config(judged):
+    r = judged(config=Config(checks={"dcgm_diag": {"level": 3}}))["gpu:0"]
     assert r.details["command"] == "dcgmi diag -r 3 -j"
     assert len(r.details["tests"]) == 16
 
@@ -69,17 +67,15 @@ def test_no_host_engine_is_skipped_never_failed(node):
     assert "host engine" in r.message
 
 
-def test_unreachable_configured_host_engine_is_unknown(node):
-    _, ctx = node(config=Config(checks={"dcgm_diag": {"host": "10.9.8.7:5555"}}))
-    (r,) = run(ctx).values()
+def test_unreachable_configured_host_engine_is_unknown(judged):
+    (r,) = judged(config=Config(checks={"dcgm_diag": {"host": "10.9.8.7:5555"}})).values()
     assert (r.status, r.reason) == (Status.UNKNOWN, "DcgmHostEngineUnreachable")
     assert "10.9.8.7" in r.message
     assert r.details["command"] == "dcgmi diag -r 2 -j --host 10.9.8.7:5555"
 
 
-def test_a_foreign_gpu_process_stops_the_invasive_run(node):
-    _, ctx = node("gpu-process@gpu:0,pid=4242")
-    res = run(ctx)
+def test_a_foreign_gpu_process_stops_the_invasive_run(judged):
+    res = judged("gpu-process@gpu:0,pid=4242")
     assert (res["gpu:0"].status, res["gpu:0"].reason) == (Status.UNKNOWN, "GpuBusy")
 
 

@@ -11,16 +11,18 @@ from gpu_monitor.check import Context
 from gpu_monitor.config import DEFAULT_CONFIG, Config
 from gpu_monitor.model import Action, Status
 from gpu_monitor.profiles import load_profile
-from tests.checks.rig import run_once
+from tests.checks.rig import judged_fixture, run_once
 
 
 def run(ctx, check=None):
     return run_once(check or EccMemory(), ctx)
 
 
-def test_healthy_node_is_ok_on_every_gpu_with_the_values_in_details(node):
-    _, ctx = node()
-    res = run(ctx)
+judged = judged_fixture(EccMemory)
+
+
+def test_healthy_node_is_ok_on_every_gpu_with_the_values_in_details(judged):
+    res = judged()
     assert sorted(res) == [f"gpu:{i}" for i in range(8)]
     assert {r.status for r in res.values()} == {Status.OK}
     d = res["gpu:0"].details
@@ -38,9 +40,8 @@ def test_healthy_node_is_ok_on_every_gpu_with_the_values_in_details(node):
     ("remap-headroom@gpu:1,low=33", "gpu:1", "RemapHeadroomExhausted", Action.REPLACE),
     ("remap-headroom@gpu:1,none=8", "gpu:1", "RemapHeadroomExhausted", Action.REPLACE),
 ])
-def test_injected_memory_faults_fail_the_right_gpu(node, fault, target, reason, action):
-    _, ctx = node(fault)
-    res = run(ctx)
+def test_injected_memory_faults_fail_the_right_gpu(judged, fault, target, reason, action):
+    res = judged(fault)
     bad = {t: r for t, r in res.items() if r.status is not Status.OK}
     assert list(bad) == [target]
     assert (bad[target].status, bad[target].reason, bad[target].action) == (
@@ -54,9 +55,8 @@ def test_injected_memory_faults_fail_the_right_gpu(node, fault, target, reason, 
     ("remap-headroom@gpu:4,none=1", Status.DEGRADED),   # any bank without spare rows
     ("remap-headroom@gpu:4,none=7", Status.DEGRADED),
 ])
-def test_remap_headroom_thresholds(node, fault, status):
-    _, ctx = node(fault)
-    r = run(ctx)["gpu:4"]
+def test_remap_headroom_thresholds(judged, fault, status):
+    r = judged(fault)["gpu:4"]
     assert r.status is status
     if status is Status.DEGRADED:
         assert (r.reason, r.action) == ("RemapHeadroomLow", Action.WATCH)
@@ -64,18 +64,16 @@ def test_remap_headroom_thresholds(node, fault, status):
         assert r.details["remap_none_banks_failed"] == 8
 
 
-def test_thresholds_come_from_config_over_profile(node):
+def test_thresholds_come_from_config_over_profile(judged):
     config = Config(checks={"ecc_memory": {"remap_low_banks_degraded": 20}})
-    _, ctx = node("remap-headroom@gpu:4,low=9", config=config)
-    r = run(ctx)["gpu:4"]
+    r = judged("remap-headroom@gpu:4,low=9", config=config)["gpu:4"]
     assert r.status is Status.OK
     assert r.details["remap_low_banks_degraded"] == 20
 
 
-def test_several_problems_on_one_gpu_are_all_listed(node):
-    _, ctx = node("row-remap-pending@gpu:2", "row-remap-failure@gpu:2",
-                  "remap-headroom@gpu:2,none=2")
-    r = run(ctx)["gpu:2"]
+def test_several_problems_on_one_gpu_are_all_listed(judged):
+    r = judged("row-remap-pending@gpu:2", "row-remap-failure@gpu:2",
+               "remap-headroom@gpu:2,none=2")["gpu:2"]
     assert r.status is Status.FAILED
     assert r.action is Action.REPLACE  # the strongest action of the findings
     reasons = [p["reason"] for p in r.details["problems"]]
@@ -113,17 +111,15 @@ def test_pre_ampere_gpu_is_judged_by_retired_pages(node):
     assert run(ctx)["gpu:7"].status is Status.OK
 
 
-def test_an_unsupported_feature_is_skipped_per_feature(node):
-    _, ctx = node("nvml-error@gpu:1,call=nvmlDeviceGetRowRemapperHistogram,error=NotSupported")
-    r = run(ctx)["gpu:1"]
+def test_an_unsupported_feature_is_skipped_per_feature(judged):
+    r = judged("nvml-error@gpu:1,call=nvmlDeviceGetRowRemapperHistogram,error=NotSupported")["gpu:1"]
     assert r.status is Status.OK
     assert "remap_histogram" in r.details["not_supported"]
 
 
-def test_a_gpu_supporting_nothing_is_skipped(node):
-    _, ctx = node(*(f"nvml-error@gpu:3,call={c},error=NotSupported" for c in (
-        "nvmlDeviceGetEccMode", "nvmlDeviceGetRemappedRows", "nvmlDeviceGetRowRemapperHistogram")))
-    r = run(ctx)["gpu:3"]
+def test_a_gpu_supporting_nothing_is_skipped(judged):
+    r = judged(*(f"nvml-error@gpu:3,call={c},error=NotSupported" for c in (
+     "nvmlDeviceGetEccMode", "nvmlDeviceGetRemappedRows", "nvmlDeviceGetRowRemapperHistogram")))["gpu:3"]
     assert (r.status, r.reason) == (Status.SKIPPED, "NotSupported")
 
 
@@ -132,17 +128,15 @@ def test_a_gpu_supporting_nothing_is_skipped(node):
     "nvml-error@gpu:1,call=nvmlDeviceGetEccMode,error=Timeout",
     "nvml-error@gpu:1,error=GpuIsLost",
 ])
-def test_nvml_errors_make_the_gpu_unknown_never_ok(node, fault):
-    _, ctx = node(fault)
-    res = run(ctx)
+def test_nvml_errors_make_the_gpu_unknown_never_ok(judged, fault):
+    res = judged(fault)
     assert (res["gpu:1"].status, res["gpu:1"].reason) == (Status.UNKNOWN, "NvmlReadError")
     assert res["gpu:0"].status is Status.OK
 
 
-def test_a_read_error_does_not_hide_a_real_failure(node):
-    _, ctx = node("row-remap-pending@gpu:1",
-                  "nvml-error@gpu:1,call=nvmlDeviceGetEccMode,error=Unknown")
-    r = run(ctx)["gpu:1"]
+def test_a_read_error_does_not_hide_a_real_failure(judged):
+    r = judged("row-remap-pending@gpu:1",
+               "nvml-error@gpu:1,call=nvmlDeviceGetEccMode,error=Unknown")["gpu:1"]
     assert (r.status, r.reason) == (Status.FAILED, "RowRemapPending")
     assert r.details["nvml_errors"]
 

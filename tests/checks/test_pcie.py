@@ -14,7 +14,7 @@ from gpu_monitor.profiles import load_profile
 from gpu_monitor.runner import run_check
 from gpu_monitor.workers.pool import DeviceRef, Outcome, Task, WorkerPool
 from tests.checks.cuda_helpers import claim_cuda_torch, cuda_count
-from tests.checks.rig import run_once
+from tests.checks.rig import judged_fixture, run_once
 
 NICS = [f"pcie:0000:{b:02x}:00.0" for b in (0x4F, 0x60, 0x71, 0x82, 0x93, 0xA4, 0xB5, 0xC6)]
 
@@ -23,14 +23,16 @@ def run(ctx):
     return run_once(Pcie(), ctx)
 
 
+judged = judged_fixture(Pcie)
+
+
 def problems(res):
     return {t: (r.status, r.reason) for t, r in res.items()
             if r.status not in (Status.OK, Status.SKIPPED)}
 
 
-def test_healthy_node_every_gpu_and_nic_ok(node):
-    _, ctx = node()
-    res = run(ctx)
+def test_healthy_node_every_gpu_and_nic_ok(judged):
+    res = judged()
     assert sorted(t for t in res if t.startswith("gpu:")) == [f"gpu:{i}" for i in range(8)]
     assert sorted(t for t in res if t.startswith("pcie:")) == NICS
     assert problems(res) == {}
@@ -45,9 +47,8 @@ def test_healthy_node_every_gpu_and_nic_ok(node):
     assert n["rdma_devices"] == ("mlx5_1",)
 
 
-def test_copy_bandwidth_is_skipped_not_faked_without_cuda(node):
-    _, ctx = node()
-    r = run(ctx)["node"]
+def test_copy_bandwidth_is_skipped_not_faked_without_cuda(judged):
+    r = judged()["node"]
     assert (r.status, r.reason) == (Status.SKIPPED, "CopyTestSkipped")
     assert "cpu" in r.message
     assert r.details["h2d_floor_gb_per_s"] == 0.05  # the simulation block's floor
@@ -158,9 +159,8 @@ def test_copy_bandwidth_against_the_floors(node, monkeypatch, cuda_torch):
     "pcie-downgrade@gpu:1,gen=4",
     "pcie-downgrade@gpu:1,width=8",
 ])
-def test_downgraded_gpu_link_fails_naming_the_gpu(node, fault):
-    _, ctx = node(fault)
-    res = run(ctx)
+def test_downgraded_gpu_link_fails_naming_the_gpu(judged, fault):
+    res = judged(fault)
     assert problems(res) == {"gpu:1": (Status.FAILED, "PcieLinkDowngraded")}
     d = res["gpu:1"].details
     assert d["pci_bus_id"] == "0000:64:00.0"
@@ -191,16 +191,14 @@ def test_downgraded_nic_link_fails_naming_its_pci_function(node):
     ("fatal", Status.FAILED, "PcieAerFatal"),
     ("nonfatal", Status.DEGRADED, "PcieAerNonFatal"),
 ])
-def test_aer_errors_since_boot(node, kind, status, reason):
-    _, ctx = node(f"aer@gpu:6,kind={kind},count=2")
-    res = run(ctx)
+def test_aer_errors_since_boot(judged, kind, status, reason):
+    res = judged(f"aer@gpu:6,kind={kind},count=2")
     assert problems(res) == {"gpu:6": (status, reason)}
     assert res["gpu:6"].details[f"aer_{kind}_total"] == 2
 
 
-def test_correctable_aer_errors_are_only_recorded(node):
-    _, ctx = node("aer@gpu:6,kind=correctable,count=5")
-    res = run(ctx)
+def test_correctable_aer_errors_are_only_recorded(judged):
+    res = judged("aer@gpu:6,kind=correctable,count=5")
     assert problems(res) == {}
     assert res["gpu:6"].details["aer_correctable_total"] == 5
 
@@ -244,20 +242,18 @@ def test_replays_during_the_check_degrade(node):
     assert res["gpu:3"].details["replay_increase_degraded"] == 80
 
 
-def test_numa_and_nic_pairing_match_the_profile(node):
+def test_numa_and_nic_pairing_match_the_profile(judged):
     numa = [0, 0, 0, 0, 1, 1, 1, 1]
     nics = [f"mlx5_{i}" for i in range(8)]
-    _, ctx = node(expect={"pcie": {"gpu_numa": numa, "gpu_nic": nics}})
-    res = run(ctx)
+    res = judged(expect={"pcie": {"gpu_numa": numa, "gpu_nic": nics}})
     assert problems(res) == {}
     assert res["gpu:5"].details["expected_nic"] == "mlx5_5"
 
 
-def test_numa_and_nic_mismatch_degrade_the_gpu(node):
+def test_numa_and_nic_mismatch_degrade_the_gpu(judged):
     numa = [1, 0, 0, 0, 1, 1, 1, 1]
     nics = ["mlx5_0", "mlx5_1", "mlx5_3", "mlx5_2", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_7"]
-    _, ctx = node(expect={"pcie": {"gpu_numa": numa, "gpu_nic": nics}})
-    res = run(ctx)
+    res = judged(expect={"pcie": {"gpu_numa": numa, "gpu_nic": nics}})
     assert problems(res) == {f"gpu:{i}": (Status.DEGRADED, "PcieTopologyMismatch")
                              for i in (0, 2, 3)}
     assert "NUMA node 0, profile expects 1" in res["gpu:0"].message
@@ -268,44 +264,39 @@ def test_numa_and_nic_mismatch_degrade_the_gpu(node):
     "nvml-error@gpu:2,call=nvmlDeviceGetCurrPcieLinkGeneration,error=Unknown",
     "nvml-error@gpu:2,error=GpuIsLost",
 ])
-def test_nvml_errors_make_the_gpu_unknown(node, fault):
-    _, ctx = node(fault)
-    res = run(ctx)
+def test_nvml_errors_make_the_gpu_unknown(judged, fault):
+    res = judged(fault)
     assert problems(res) == {"gpu:2": (Status.UNKNOWN, "NvmlReadError")}
 
 
 @pytest.mark.parametrize("call", ["nvmlDeviceGetPcieReplayCounter", "nvmlDeviceGetNumaNodeId",
                                   "nvmlDeviceGetPciInfo", "nvmlDeviceGetUUID"])
-def test_an_nvml_read_the_gpu_result_rests_on_that_fails_makes_it_unknown(node, call):
-    _, ctx = node(f"nvml-error@gpu:3,call={call},error=InsufficientPower")
-    res = run(ctx)
+def test_an_nvml_read_the_gpu_result_rests_on_that_fails_makes_it_unknown(judged, call):
+    res = judged(f"nvml-error@gpu:3,call={call},error=InsufficientPower")
     assert problems(res) == {"gpu:3": (Status.UNKNOWN, "NvmlReadError")}
     assert call in res["gpu:3"].message
     assert "insufficient_power" in res["gpu:3"].message
 
 
 @pytest.mark.parametrize("call", ["nvmlDeviceGetPcieReplayCounter", "nvmlDeviceGetNumaNodeId"])
-def test_an_unsupported_replay_counter_or_numa_query_is_no_error(node, call):
-    _, ctx = node(f"nvml-error@gpu:3,call={call},error=NotSupported")
-    res = run(ctx)
+def test_an_unsupported_replay_counter_or_numa_query_is_no_error(judged, call):
+    res = judged(f"nvml-error@gpu:3,call={call},error=NotSupported")
     assert problems(res) == {}
     assert res["gpu:3"].status is Status.OK
 
 
-def test_a_gpu_nvml_cannot_place_on_the_bus_is_never_matched_to_a_sysfs_device(node):
+def test_a_gpu_nvml_cannot_place_on_the_bus_is_never_matched_to_a_sysfs_device(judged):
     # Its sysfs link is downgraded, but without its PCI address nothing can say it is its own.
-    _, ctx = node("pcie-downgrade@gpu:4,width=8",
-                  "nvml-error@gpu:4,call=nvmlDeviceGetPciInfo,error=Unknown")
-    res = run(ctx)["gpu:4"]
+    res = judged("pcie-downgrade@gpu:4,width=8",
+                 "nvml-error@gpu:4,call=nvmlDeviceGetPciInfo,error=Unknown")["gpu:4"]
     assert (res.status, res.reason) == (Status.UNKNOWN, "NvmlReadError")
     assert res.details["nvml_call"] == "nvmlDeviceGetPciInfo"
     assert "sysfs_link_width" not in res.details
 
 
-def test_unsupported_link_query_still_judges_sysfs(node):
-    _, ctx = node("pcie-downgrade@gpu:1,width=4",
-                  "nvml-error@gpu:1,call=nvmlDeviceGetCurrPcieLinkWidth,error=NotSupported")
-    res = run(ctx)
+def test_unsupported_link_query_still_judges_sysfs(judged):
+    res = judged("pcie-downgrade@gpu:1,width=4",
+                 "nvml-error@gpu:1,call=nvmlDeviceGetCurrPcieLinkWidth,error=NotSupported")
     assert problems(res) == {"gpu:1": (Status.FAILED, "PcieLinkDowngraded")}
     assert "x4 of x16" in res["gpu:1"].message
 

@@ -11,7 +11,7 @@ from checks.rdma_loopback import RdmaLoopback
 from gpu_monitor.config import Config
 from gpu_monitor.hw.command import CommandRunner
 from gpu_monitor.model import Action, Status
-from tests.checks.rig import fake_tool, not_ok, run_once
+from tests.checks.rig import all_ok, fake_tool, judged_fixture, not_ok, run_once
 
 ONLY_MLX5_0 = tuple(f"port-down@ib:mlx5_{i}:1" for i in range(1, 8))
 
@@ -20,11 +20,12 @@ def run(ctx):
     return run_once(RdmaLoopback(), ctx)
 
 
-def test_every_active_port_reaches_the_floor_with_gpudirect(node):
-    _, ctx = node()
-    res = run(ctx)
-    assert sorted(res) == [f"ib:mlx5_{i}:1" for i in range(8)]
-    assert not_ok(res) == {}
+judged = judged_fixture(RdmaLoopback)
+
+
+def test_every_active_port_reaches_the_floor_with_gpudirect(judged):
+    res = judged()
+    all_ok(res, [f"ib:mlx5_{i}:1" for i in range(8)])
     d = res["ib:mlx5_0:1"].details
     assert d["bw_gbit_per_s"] == 392.0 and d["floor_gbit_per_s"] == 380
     assert d["message_bytes"] == 8388608 and d["unit_reported"] == "Gb/sec"
@@ -36,40 +37,35 @@ def test_every_active_port_reaches_the_floor_with_gpudirect(node):
     assert res["ib:mlx5_7:1"].details["gpudirect_gpu"] == 7
 
 
-def test_low_bandwidth_fails_naming_the_port(node):
-    _, ctx = node("ib-bw@ib:mlx5_1:1,gbit=100")
-    res = run(ctx)
+def test_low_bandwidth_fails_naming_the_port(judged):
+    res = judged("ib-bw@ib:mlx5_1:1,gbit=100")
     assert not_ok(res) == {"ib:mlx5_1:1": (Status.FAILED, "RdmaBandwidthLow")}
     r = res["ib:mlx5_1:1"]
     assert r.details["bw_gbit_per_s"] == 100.0
     assert "below the floor 380" in r.message
 
 
-def test_bandwidth_inside_the_warning_band_degrades(node):
-    _, ctx = node("ib-bw@ib:mlx5_4:1,gbit=385")  # band 0.02: 380 .. 387.6
-    res = run(ctx)
+def test_bandwidth_inside_the_warning_band_degrades(judged):
+    res = judged("ib-bw@ib:mlx5_4:1,gbit=385")  # band 0.02: 380 .. 387.6
     assert not_ok(res) == {"ib:mlx5_4:1": (Status.DEGRADED, "RdmaBandwidthNearFloor")}
     assert res["ib:mlx5_4:1"].action is Action.WATCH
     assert res["ib:mlx5_4:1"].details["warning_band"] == 0.02
 
 
-def test_port_that_is_not_active_is_skipped(node):
-    _, ctx = node("port-down@ib:mlx5_2:1")
-    res = run(ctx)
+def test_port_that_is_not_active_is_skipped(judged):
+    res = judged("port-down@ib:mlx5_2:1")
     assert not_ok(res) == {"ib:mlx5_2:1": (Status.SKIPPED, "PortNotActive")}
 
 
-def test_gpu_nic_pairing_from_the_profile_picks_the_gpu(node):
+def test_gpu_nic_pairing_from_the_profile_picks_the_gpu(judged):
     pairing = [f"mlx5_{7 - i}" for i in range(8)]
-    _, ctx = node(*ONLY_MLX5_0, expect={"pcie": {"gpu_nic": pairing}})
-    r = run(ctx)["ib:mlx5_0:1"]
+    r = judged(*ONLY_MLX5_0, expect={"pcie": {"gpu_nic": pairing}})["ib:mlx5_0:1"]
     assert r.details["gpudirect_gpu"] == 7
     assert "--use_cuda_bus_id=0000:ca:00.0" in r.details["command"]
 
 
-def test_use_cuda_off_uses_host_memory(node):
-    _, ctx = node(*ONLY_MLX5_0, config=Config(checks={"rdma_loopback": {"use_cuda": False}}))
-    r = run(ctx)["ib:mlx5_0:1"]
+def test_use_cuda_off_uses_host_memory(judged):
+    r = judged(*ONLY_MLX5_0, config=Config(checks={"rdma_loopback": {"use_cuda": False}}))["ib:mlx5_0:1"]
     assert r.status is Status.OK
     assert "use_cuda" not in r.details["command"] and r.details["gpudirect_gpu"] is None
 
