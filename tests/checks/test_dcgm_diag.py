@@ -9,9 +9,15 @@ import pytest
 
 from checks.dcgm_diag import DcgmDiag
 from gpu_monitor.config import DEFAULT_CONFIG, Config
-from gpu_monitor.hw.command import CommandRunner
 from gpu_monitor.model import Action, Status
-from tests.checks.rig import all_ok, fake_tool, judged_fixture, not_ok, run_once
+from tests.checks.rig import (
+    all_ok,
+    fake_tool,
+    judged_fixture,
+    not_ok,
+    run_once,
+    skipped_without_tools,
+)
 
 
 def run(ctx):
@@ -81,10 +87,7 @@ def test_a_foreign_gpu_process_stops_the_invasive_run(judged):
 
 @pytest.mark.skipif(shutil.which("dcgmi") is not None, reason="this host has a real dcgmi")
 def test_without_dcgmi_the_check_is_skipped(node, tmp_path):
-    _, ctx = node()
-    ctx.host.commands = CommandRunner(search_path=[str(tmp_path)])
-    (r,) = run(ctx).values()
-    assert (r.status, r.reason) == (Status.SKIPPED, "RequirementMissing")
+    skipped_without_tools(run, node, tmp_path)
 
 
 # --- misbehaving dcgmi ---------------------------------------------------------------------------

@@ -9,9 +9,15 @@ import pytest
 
 from checks.rdma_loopback import RdmaLoopback
 from gpu_monitor.config import Config
-from gpu_monitor.hw.command import CommandRunner
 from gpu_monitor.model import Action, Status
-from tests.checks.rig import all_ok, fake_tool, judged_fixture, not_ok, run_once
+from tests.checks.rig import (
+    all_ok,
+    fake_tool,
+    judged_fixture,
+    not_ok,
+    run_once,
+    skipped_without_tools,
+)
 
 ONLY_MLX5_0 = tuple(f"port-down@ib:mlx5_{i}:1" for i in range(1, 8))
 
@@ -72,10 +78,7 @@ def test_use_cuda_off_uses_host_memory(judged):
 
 @pytest.mark.skipif(shutil.which("ib_write_bw") is not None, reason="real perftest installed")
 def test_without_perftest_the_check_is_skipped(node, tmp_path):
-    _, ctx = node()
-    ctx.host.commands = CommandRunner(search_path=[str(tmp_path)])
-    (r,) = run(ctx).values()
-    assert (r.status, r.reason) == (Status.SKIPPED, "RequirementMissing")
+    skipped_without_tools(run, node, tmp_path)
 
 
 # --- misbehaving perftest ------------------------------------------------------------------------
