@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gpu_monitor.config import DEFAULT_CONFIG
+from gpu_monitor.hw.command import CommandRunner
+from gpu_monitor.model import Status
 
 
 @pytest.fixture
@@ -18,3 +20,17 @@ def node(check_rig, fake_clock):
         return rig.node, rig.ctx()
 
     return build
+
+
+@pytest.fixture
+def without_tools(node, tmp_path):
+    """``without_tools(run)``: the one-shot ``node`` with an empty PATH, where ``run(ctx)``
+    says one skipped RequirementMissing, not a failure, for a check whose tool is missing."""
+
+    def judge(run):
+        _, ctx = node()
+        ctx.host.commands = CommandRunner(search_path=[str(tmp_path)])
+        (r,) = run(ctx).values()
+        assert (r.status, r.reason) == (Status.SKIPPED, "RequirementMissing")
+
+    return judge

@@ -140,6 +140,12 @@ class CheckRig:
         self.log.append((self.elapsed, results))
         return results
 
+    def poll_says(self, target: str, status: Status, reason: str) -> Result:
+        """``poll``, where ``target`` says ``status`` for ``reason``; its result."""
+        res = self.poll()[target]
+        assert (res.status, res.reason) == (status, reason), res.message
+        return res
+
     def step(self, seconds: float | None = None) -> Results:
         """The next poll, ``seconds`` later, with the node brought to that time first."""
         self.advance(seconds)
@@ -235,14 +241,6 @@ def healthy_poll(rig: CheckRig, count: int = 8) -> Results:
         assert res.status is Status.OK, (res.target, res.reason)
         assert res.details["uuid"] == gpu.uuid
     return results
-
-
-def poll_says(rig: CheckRig, target: str, status: Status, reason: str) -> Result:
-    """The next poll of the node as it is now, where ``target`` says ``status`` for
-    ``reason``; its result."""
-    res = rig.poll()[target]
-    assert (res.status, res.reason) == (status, reason), res.message
-    return res
 
 
 def enumeration_fails(rig: CheckRig, error: str = "Unknown") -> None:
@@ -342,16 +340,6 @@ def run_simulated(check: Check, count: int = 8, faults: Iterable[str] = (), **kw
         rig.close()
     assert outcome.success, outcome.results
     return by_target(outcome.results)
-
-
-def skipped_without_tools(run: Callable[[Context], Results], node: Callable,
-                          tmp_path: Path) -> None:
-    """The one-shot ``node`` with an empty PATH (``tmp_path``): ``run`` says one skipped
-    RequirementMissing, not a failure, for a check whose tool is not installed."""
-    _, ctx = node()
-    ctx.host.commands = CommandRunner(search_path=[str(tmp_path)])
-    (r,) = run(ctx).values()
-    assert (r.status, r.reason) == (Status.SKIPPED, "RequirementMissing")
 
 
 # --- misbehaving tools -------------------------------------------------------------------------

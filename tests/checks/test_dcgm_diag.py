@@ -16,7 +16,6 @@ from tests.checks.rig import (
     judged_fixture,
     not_ok,
     run_once,
-    skipped_without_tools,
 )
 
 
@@ -86,8 +85,8 @@ def test_a_foreign_gpu_process_stops_the_invasive_run(judged):
 
 
 @pytest.mark.skipif(shutil.which("dcgmi") is not None, reason="this host has a real dcgmi")
-def test_without_dcgmi_the_check_is_skipped(node, tmp_path):
-    skipped_without_tools(run, node, tmp_path)
+def test_without_dcgmi_the_check_is_skipped(without_tools):
+    without_tools(run)
 
 
 # --- misbehaving dcgmi ---------------------------------------------------------------------------

@@ -10,13 +10,7 @@ from checks.nvlink_state import NvlinkState
 from gpu_monitor.model import Status
 from gpu_monitor.runner import run_check
 from gpu_monitor.state import Store
-from tests.checks.rig import (
-    enumeration_fails,
-    healthy_poll,
-    mig_still_judged,
-    poll_says,
-    rig_fixture,
-)
+from tests.checks.rig import enumeration_fails, healthy_poll, mig_still_judged, rig_fixture
 
 rig = rig_fixture(NvlinkState)
 
@@ -256,20 +250,20 @@ def test_nvml_error_on_link_state_affects_only_that_gpu(rig, error, status, reas
 ])
 def test_nvml_error_on_error_counters(rig, error, status, reason):
     r = rig(f"nvml-error@gpu:3,call=nvmlDeviceGetNvLinkErrorCounter,error={error}")
-    poll_says(r, "gpu:3", status, reason)
+    r.poll_says("gpu:3", status, reason)
 
 
 def test_error_counters_unreadable_do_not_hide_a_down_link(rig):
     r = rig("nvml-error@gpu:3,call=nvmlDeviceGetNvLinkErrorCounter,error=Unknown",
             "nvlink-down@gpu:3,link=1")
-    res = poll_says(r, "gpu:3", Status.FAILED, "NvLinkDown")
+    res = r.poll_says("gpu:3", Status.FAILED, "NvLinkDown")
     assert res.details["counter_errors"]["0"] == "unknown"
 
 
 def test_unreadable_error_counters_name_the_call_on_the_gpu_result_alone(rig):
     r = rig()
     r.gpus[3].nvml_errors["nvmlDeviceGetNvLinkErrorCounter"] = "InsufficientPower"
-    res = poll_says(r, "gpu:3", Status.UNKNOWN, "NvmlReadError")
+    res = r.poll_says("gpu:3", Status.UNKNOWN, "NvmlReadError")
     assert "nvmlDeviceGetNvLinkErrorCounter" in res.message
     assert "insufficient_power" in res.message
     assert not [t for t in r.poll() if t.startswith("nvlink:3:")]  # one result, not 18
@@ -277,7 +271,7 @@ def test_unreadable_error_counters_name_the_call_on_the_gpu_result_alone(rig):
 
 def test_an_unreadable_link_state_says_why(rig):
     r = rig("nvml-error@gpu:1,call=nvmlDeviceGetNvLinkState,error=Timeout")
-    res = poll_says(r, "gpu:1", Status.UNKNOWN, "NvmlReadError")
+    res = r.poll_says("gpu:1", Status.UNKNOWN, "NvmlReadError")
     assert "nvmlDeviceGetNvLinkState" in res.message and "timeout" in res.message
 
 

@@ -16,7 +16,6 @@ from tests.checks.rig import (
     judged_fixture,
     not_ok,
     run_once,
-    skipped_without_tools,
 )
 
 ONLY_MLX5_0 = tuple(f"port-down@ib:mlx5_{i}:1" for i in range(1, 8))
@@ -77,8 +76,8 @@ def test_use_cuda_off_uses_host_memory(judged):
 
 
 @pytest.mark.skipif(shutil.which("ib_write_bw") is not None, reason="real perftest installed")
-def test_without_perftest_the_check_is_skipped(node, tmp_path):
-    skipped_without_tools(run, node, tmp_path)
+def test_without_perftest_the_check_is_skipped(without_tools):
+    without_tools(run)
 
 
 # --- misbehaving perftest ------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from gpu_monitor.hw.sysfs import SysfsReader
 from gpu_monitor.model import Action, Status
 from gpu_monitor.profiles import load_profile
 from gpu_monitor.state import Store
-from tests.checks.rig import CheckRig, NodeClock, poll_says, rig_fixture
+from tests.checks.rig import CheckRig, NodeClock, rig_fixture
 
 PORT = "ib:mlx5_0:1"
 
@@ -358,7 +358,7 @@ def test_junk_in_the_state_file_is_unknown(rig):
     with open(path, "w") as f:
         f.write("\x00garbage\n")
     r.advance()
-    res = poll_says(r, "ib:mlx5_2:1", Status.UNKNOWN, "SysfsReadError")
+    res = r.poll_says("ib:mlx5_2:1", Status.UNKNOWN, "SysfsReadError")
     assert any("state" in e for e in res.details["read_errors"])
     assert r.log[-1][1][PORT].status is Status.OK  # the other ports are still judged
 
@@ -380,7 +380,7 @@ def test_a_judged_file_that_does_not_parse_makes_the_polled_port_unknown(rig, re
         with open(path, "w") as f:
             f.write(content)
     r.advance()
-    res = poll_says(r, "ib:mlx5_2:1", Status.UNKNOWN, "SysfsReadError")
+    res = r.poll_says("ib:mlx5_2:1", Status.UNKNOWN, "SysfsReadError")
     assert os.path.basename(rel) in res.message
     assert any(path in e for e in res.details["read_errors"])
     assert r.log[-1][1][PORT].status is Status.OK  # the other ports are still judged

@@ -14,7 +14,6 @@ from tests.checks.rig import (
     enumeration_fails,
     healthy_poll,
     mig_still_judged,
-    poll_says,
     rig_fixture,
 )
 
@@ -38,7 +37,7 @@ def test_healthy_node_reports_temperatures_and_thresholds(rig):
 ])
 def test_core_at_the_slowdown_threshold_fails(rig, core, status, reason):
     r = rig(f"hot@gpu:3,core={core},memory={core}")
-    res = poll_says(r, "gpu:3", status, reason)
+    res = r.poll_says("gpu:3", status, reason)
     assert res.details["slowdown_celsius"] == 90
     if status is Status.FAILED:
         assert res.action.value == "none"
@@ -105,7 +104,7 @@ def test_without_power_readings_every_peer_is_comparable(rig):
     for g in r.gpus:
         g.power_usage_mw = None  # NotSupported
     r.gpus[1].temperature_core_c, r.gpus[1].temperature_memory_c = 70, 72
-    res = poll_says(r, "gpu:1", Status.DEGRADED, "TempOutlier")
+    res = r.poll_says("gpu:1", Status.DEGRADED, "TempOutlier")
     assert res.details["power_w"] is None
 
 
@@ -127,7 +126,7 @@ def test_an_unreadable_power_draw_does_not_hide_a_hard_limit(rig):
     r = rig()
     r.gpus[3].nvml_errors["nvmlDeviceGetPowerUsage"] = "Unknown"
     r.gpus[3].temperature_core_c = 95
-    res = poll_says(r, "gpu:3", Status.FAILED, "TempAboveSlowdown")
+    res = r.poll_says("gpu:3", Status.FAILED, "TempAboveSlowdown")
     assert res.details["nvml_call"] == "nvmlDeviceGetPowerUsage"
 
 
@@ -142,7 +141,7 @@ def test_unsupported_hbm_temperature_judges_the_core_only_and_says_so(rig):
     assert res.details["memory_celsius"] is None and "gradient_celsius" not in res.details
     assert "core only" in res.message
     r.gpus[4].temperature_core_c = 91
-    res = poll_says(r, "gpu:4", Status.FAILED, "TempAboveSlowdown")
+    res = r.poll_says("gpu:4", Status.FAILED, "TempAboveSlowdown")
     assert "core only" in res.message
 
 
@@ -152,7 +151,7 @@ def test_missing_nvml_slowdown_threshold_uses_the_profile_fallback(rig, nvml_val
     for g in r.gpus:
         g.slowdown_threshold_c = nvml_value
         g.temperature_core_c, g.temperature_memory_c = 85, 85
-    res = poll_says(r, "gpu:0", Status.FAILED, "TempAboveSlowdown")
+    res = r.poll_says("gpu:0", Status.FAILED, "TempAboveSlowdown")
     assert (res.details["slowdown_celsius"], res.details["slowdown_source"]) == (85, "profile")
 
 
@@ -251,12 +250,12 @@ def test_nvml_error_affects_only_that_gpu_and_removes_it_from_the_peers(rig, err
 def test_hbm_field_error_makes_the_gpu_unknown(rig):
     r = rig()
     r.gpus[1].nvml_errors["NVML_FI_DEV_MEMORY_TEMP"] = "Unknown"
-    poll_says(r, "gpu:1", Status.UNKNOWN, "NvmlReadError")
+    r.poll_says("gpu:1", Status.UNKNOWN, "NvmlReadError")
 
 
 def test_lost_gpu_is_unknown_gpu_lost(rig):
     r = rig("nvml-error@gpu:7")
-    poll_says(r, "gpu:7", Status.UNKNOWN, "GpuLost")
+    r.poll_says("gpu:7", Status.UNKNOWN, "GpuLost")
 
 
 def test_gpu_enumeration_failure_is_one_unknown_node_result(rig):

@@ -15,7 +15,6 @@ from tests.checks.rig import (
     enumeration_fails,
     healthy_poll,
     mig_still_judged,
-    poll_says,
     rig_fixture,
 )
 
@@ -33,7 +32,7 @@ def test_healthy_node_reports_every_gpu_ok_with_uuid_and_events(rig):
 @pytest.mark.parametrize("one_shot", [True, False])
 def test_no_history_judges_the_instantaneous_sample_and_says_so(rig, one_shot):
     r = rig("throttle@gpu:5,event=hw_slowdown", one_shot=one_shot)
-    res = poll_says(r, "gpu:5", Status.DEGRADED, "HwSlowdown")
+    res = r.poll_says("gpu:5", Status.DEGRADED, "HwSlowdown")
     assert res.details["window"] == "instantaneous"
     assert res.details["active_fraction"]["hw_slowdown"] is None
     assert "instantaneous" in res.message
@@ -214,12 +213,12 @@ def test_pre_r535_driver_falls_back_to_the_throttle_reasons_call(rig):
     errors["nvmlDeviceGetCurrentClocksEventReasons"] = "FunctionNotFound"
     assert r.poll()["gpu:2"].reason == "HwSlowdown"
     errors["nvmlDeviceGetCurrentClocksThrottleReasons"] = "FunctionNotFound"
-    poll_says(r, "gpu:2", Status.SKIPPED, "NotSupported")
+    r.poll_says("gpu:2", Status.SKIPPED, "NotSupported")
 
 
 def test_lost_gpu_is_unknown_gpu_lost(rig):
     r = rig("nvml-error@gpu:4")
-    poll_says(r, "gpu:4", Status.UNKNOWN, "GpuLost")
+    r.poll_says("gpu:4", Status.UNKNOWN, "GpuLost")
 
 
 @pytest.mark.parametrize("error", ["NotSupported", "Unknown", "FunctionNotFound"])
@@ -241,7 +240,7 @@ def test_violation_counter_errors_fall_back_to_sampled_bits(rig, error):
 def test_a_violation_counter_that_fails_leaves_a_quiet_gpu_unknown(rig, error, status, reason):
     r = rig()
     r.node.spec.gpus[2].nvml_errors["nvmlDeviceGetViolationStatus"] = error
-    res = poll_says(r, "gpu:2", status, reason)
+    res = r.poll_says("gpu:2", status, reason)
     assert "nvmlDeviceGetViolationStatus" in res.details["violation_counter_error"]
     if status is Status.UNKNOWN:
         assert "nvmlDeviceGetViolationStatus" in res.message
