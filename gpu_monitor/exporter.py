@@ -73,6 +73,10 @@ def _sample_line(sample: Any) -> str:
 
 
 def lean_text(families: list[Any]) -> bytes:
+    """The text format (0.0.4) of collected ``families``, as prometheus_client's
+    ``generate_latest`` writes it, without validating and escaping every label name of every
+    sample again: ours are a fixed, tested vocabulary, and that work is over half of the
+    reference's rendering time. Raises ``_Unsupported`` for what it does not reproduce."""
     out: list[str] = []
     append = out.append
     for family in families:
@@ -88,6 +92,10 @@ def lean_text(families: list[Any]) -> bytes:
 
 
 def lean_openmetrics(families: list[Any]) -> bytes:
+    """OpenMetrics 1.0.0 of collected ``families``, as prometheus_client's OpenMetrics
+    ``generate_latest`` writes it (family names without the counter's ``_total``, ``# UNIT``,
+    quotes escaped in help texts, ``# EOF``), at a fifth of its cost. Raises ``_Unsupported``
+    for what it does not reproduce."""
     out: list[str] = []
     append = out.append
     for family in families:
@@ -102,16 +110,6 @@ def lean_openmetrics(families: list[Any]) -> bytes:
             append(_sample_line(sample))
     append("# EOF\n")
     return "".join(out).encode()
-
-
-def render_text(registry: Any) -> bytes:
-    """The Prometheus text format (0.0.4) of ``registry``'s families.
-
-    Byte-equal to prometheus_client's ``generate_latest`` (held by a test), but without
-    re-validating and re-escaping every label name of every sample: our label names are a
-    fixed, tested vocabulary, and that work was half a scrape's rendering time.
-    """
-    return render(registry, "")[0]
 
 
 def render(registry: Any, accept: str) -> tuple[bytes, str]:
@@ -150,6 +148,8 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 
 class Exporter:
+    """The HTTP server in a thread of the daemon: ``start`` binds and serves, ``stop`` ends."""
+
     def __init__(self, registry: CollectorRegistry, health: Callable[[], tuple[bool, str]],
                  ready: Callable[[], bool] = lambda: True):
         self.registry = registry
