@@ -71,7 +71,7 @@ SCRAPING = (
     "`application/openmetrics-text;version=1.0.0` first) gets OpenMetrics 1.0.0, ending in "
     "`# EOF`; curl, a browser or a scraper that asks for nothing gets the text format 0.0.4 "
     "(`text/plain; version=0.0.4; charset=utf-8`); the Content-Type says which. The body is "
-    "gzipped (level 6, as node_exporter and dcgm-exporter do) when the request carries "
+    "gzipped (level 6, Go's default) when the request carries "
     "`Accept-Encoding: gzip`, as Prometheus's always does: a faulty 8-GPU node's ~94 KB "
     "scrape travels as ~7 KB. Both formats carry the same families and samples, byte for byte "
     "what prometheus_client would render (tests/test_exporter_formats.py), in about 0.4x of "
