@@ -11,10 +11,12 @@ from __future__ import annotations
 import shutil
 import subprocess
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from prometheus_client.exposition import generate_latest
+from prometheus_client import CollectorRegistry
 
 from gpu_monitor.check import Context
 from gpu_monitor.clock import FakeClock
@@ -43,7 +45,11 @@ SCENARIOS = {
 }
 
 
-def scrape(scenario: str, tmp_path: Path) -> str:
+@contextmanager
+def serving(scenario: str, tmp_path: Path) -> Iterator[tuple[CollectorRegistry, str]]:
+    """The daemon's registry for ``scenario`` after two rounds of polls, and the URL of its
+    ``/metrics`` served by the real exporter on loopback (tests/test_exporter_formats.py
+    scrapes the same node in every format)."""
     profile_name, faults = SCENARIOS[scenario]
     profile = load_profile(profile_name)
     node = SimulatedNode(profile, [parse(f) for f in faults], hostname="golden-node")
@@ -67,18 +73,21 @@ def scrape(scenario: str, tmp_path: Path) -> str:
         registry = build_registry(daemon, store, classes, clock)
         exporter = Exporter(registry, daemon.health)
         host, port = exporter.start("127.0.0.1:0")
-        with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as resp:
-            assert resp.status == 200
-            text = resp.read().decode()
-        # Our lean renderer is held to prometheus_client's reference output.
-        assert text == generate_latest(registry).decode()
-        return text
+        yield registry, f"http://{host}:{port}/metrics"
     finally:
         if exporter:
             exporter.stop()
         daemon.shutdown()
         store.close()
         node.close()
+
+
+def scrape(scenario: str, tmp_path: Path) -> str:
+    """``/metrics`` as a scraper that asks for nothing in particular gets it (text 0.0.4)."""
+    with serving(scenario, tmp_path) as (_registry, url), \
+            urllib.request.urlopen(url, timeout=10) as resp:
+        assert resp.status == 200
+        return resp.read().decode()
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
