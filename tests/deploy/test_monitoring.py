@@ -174,3 +174,62 @@ def test_every_alert_has_a_firing_case_and_a_quiet_case():
     assert alerts - firing == set(), f"alerts never shown firing: {sorted(alerts - firing)}"
     assert alerts - quiet == set(), f"alerts never shown quiet: {sorted(alerts - quiet)}"
     assert (firing | quiet) <= alerts, "the test file names alerts that do not exist"
+
+
+# --- every check's failed state reaches an alert ----------------------------------------------------
+
+
+def _failed_state_case(check_names) -> dict:
+    """A promtool case: node ``n-<check>`` has one target of that check failed for 15 minutes
+    (nothing else: no remediation series, so it holds in dry-run too), node ``n-ok`` has every
+    check ok; at 15m a warning or critical alert must fire for each ``n-<check>`` node and none
+    for ``n-ok``."""
+    nodes = [f"n-{c}" for c in check_names] + ["n-ok"]
+    series = [{"series": f'{name}{{job="gpu-monitor", instance="{n}", node="{n}"{extra}}}',
+               "values": "1x20"}
+              for n in nodes
+              for name, extra in (("up", ""), ("gpu_monitor_build_info", ', version="0.1.0"'))]
+    for check in check_names:
+        for node, current in ((f"n-{check}", "failed"), ("n-ok", "ok")):
+            for status in ("ok", "degraded", "failed", "unknown", "skipped"):
+                series.append({
+                    "series": f'gpu_monitor_check_status{{job="gpu-monitor", instance="{node}", '
+                              f'node="{node}", check="{check}", target="gpu:0", '
+                              f'status="{status}"}}',
+                    "values": "1x20" if status == current else "0x20"})
+    return {
+        "name": "every check's failed state raises a warning or critical alert",
+        "interval": "1m",
+        "input_series": series,
+        "promql_expr_test": [{
+            "expr": 'group by (node) (ALERTS{alertstate="firing", '
+                    'severity=~"warning|critical"})',
+            "eval_time": "15m",
+            "exp_samples": [{"labels": f'{{node="n-{c}"}}', "value": 1}
+                            for c in sorted(check_names)],
+        }],
+    }
+
+
+def _run_failed_state_case(tmp_path: Path, groups: list[dict]) -> subprocess.CompletedProcess:
+    from checks import ALL_CHECKS
+
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}, sort_keys=False))
+    case = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m",
+            "tests": [_failed_state_case([c.name for c in ALL_CHECKS])]}
+    (tmp_path / "coverage_test.yaml").write_text(yaml.safe_dump(case, sort_keys=False))
+    return subprocess.run([_promtool(), "test", "rules", "coverage_test.yaml"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_every_check_in_all_checks_has_an_alert_for_its_failed_state(tmp_path):
+    out = _run_failed_state_case(tmp_path, _rule_object()["spec"]["groups"])
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_coverage_check_fails_when_a_check_loses_its_alert(tmp_path):
+    groups = _rule_object()["spec"]["groups"]
+    for group in groups:
+        group["rules"] = [r for r in group["rules"] if r.get("alert") != "GPUEccMemoryFailed"]
+    out = _run_failed_state_case(tmp_path, groups)
+    assert out.returncode != 0 and 'n-ecc_memory' in out.stdout + out.stderr
