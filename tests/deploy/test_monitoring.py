@@ -33,6 +33,7 @@ REQUIRED_ALERTS = {
     "breaker tripped": {"GPUMonitorBreakerTripped"},
     "hardware XID": {"GPUHardwareXid"},
     "RDMA downtime over budget": {"GPURdmaDowntimeOverBudget"},
+    "one RDMA outage longer than NCCL's IB timeout": {"GPURdmaOutageExceededNcclTimeout"},
     "sustained throttling": {"GPUThrottlingSustained"},
     "SDC alarm": {"GPUSilentDataCorruption"},
     "daemon down or not scraped": {"GPUMonitorDown", "GPUMonitorNotScraped"},
@@ -233,3 +234,23 @@ def test_the_coverage_check_fails_when_a_check_loses_its_alert(tmp_path):
         group["rules"] = [r for r in group["rules"] if r.get("alert") != "GPUEccMemoryFailed"]
     out = _run_failed_state_case(tmp_path, groups)
     assert out.returncode != 0 and 'n-ecc_memory' in out.stdout + out.stderr
+
+
+def test_each_check_alert_links_the_runbook_section_of_its_check():
+    (group,) = [g for g in _rule_object()["spec"]["groups"] if g["name"] == "gpu-monitor.checks"]
+    for rule in group["rules"]:
+        (check,) = re.findall(r'check="([a-z_]+)"', rule["expr"])
+        assert rule["annotations"]["runbook_url"] == f"docs/runbook.md#{check}", rule["alert"]
+        assert f"`{rule['alert']}`" in (DOCS / "runbook.md").read_text(encoding="utf-8")
+
+
+def test_the_runbooks_inhibit_rules_name_alerts_that_exist():
+    """The Alertmanager example that keeps one notification per fault (docs/runbook.md)."""
+    text = (DOCS / "runbook.md").read_text(encoding="utf-8")
+    (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "inhibit_rules" in b]
+    alerts = set(_alerts())
+    for rule in yaml.safe_load(block)["inhibit_rules"]:
+        assert rule["equal"] == ["node"]
+        for matcher in rule["source_matchers"] + rule["target_matchers"]:
+            _op, value = re.fullmatch(r'alertname(=~?)"([^"]+)"', matcher).groups()
+            assert set(value.split("|")) <= alerts, matcher
