@@ -5,15 +5,19 @@ under ``promtool test rules``.
 
 from __future__ import annotations
 
+import json
+import math
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.deploy.deploy_helpers import (
     DOCS,
+    GOLDEN,
     NAMESPACE,
     base_objects,
     find,
@@ -239,7 +243,7 @@ def test_the_coverage_check_fails_when_a_check_loses_its_alert(tmp_path):
 def test_each_check_alert_links_the_runbook_section_of_its_check():
     (group,) = [g for g in _rule_object()["spec"]["groups"] if g["name"] == "gpu-monitor.checks"]
     for rule in group["rules"]:
-        (check,) = re.findall(r'check="([a-z_]+)"', rule["expr"])
+        (check,) = set(re.findall(r'check="([a-z_]+)"', rule["expr"]))
         assert rule["annotations"]["runbook_url"] == f"docs/runbook.md#{check}", rule["alert"]
         assert f"`{rule['alert']}`" in (DOCS / "runbook.md").read_text(encoding="utf-8")
 
@@ -254,3 +258,70 @@ def test_the_runbooks_inhibit_rules_name_alerts_that_exist():
         for matcher in rule["source_matchers"] + rule["target_matchers"]:
             _op, value = re.fullmatch(r'alertname(=~?)"([^"]+)"', matcher).groups()
             assert set(value.split("|")) <= alerts, matcher
+
+
+# --- the daemon's real exposition, healthy then faulty ---------------------------------------------
+
+#: What a node in the h100_faulty golden scenario (tests/test_metrics_golden.py: Xid 79 on GPU 3,
+#: a row remap pending on GPU 2, a fatal SXid, port mlx5_0 down 10 s, non-fatal AER on GPU 2, GPU 6
+#: hot, NVLink 4 of GPU 0 down, ...) pages for, two minutes after it was healthy. Thermal slowdown
+#: on GPU 5 is too recent for GPUThrottlingSustained (10 minutes) and only degraded in the check.
+FAULTY_NODE_ALERTS = [
+    ("GPUEccMemoryFailed", "critical", {"check": "ecc_memory", "target": "gpu:2"}),
+    ("GPUHardwareXid", "warning", {"code": "63"}),
+    ("GPUHardwareXid", "warning", {"code": "79"}),
+    ("GPUNvSwitchFailed", "warning", {"check": "nvswitch", "target": "nvswitch:0"}),
+    ("GPUNvlinkStateFailed", "warning", {"check": "nvlink_state", "target": "gpu:0"}),
+    ("GPUNvlinkStateFailed", "warning", {"check": "nvlink_state", "target": "nvlink:0:4"}),
+    ("GPUPcieAerFailed", "warning", {"check": "pcie_aer", "target": "pcie:0000:75:00.0"}),
+    ("GPURdmaOutageExceededNcclTimeout", "warning", {"check": "rdma_ports"}),
+    ("GPURdmaPortsFailed", "warning", {"check": "rdma_ports", "target": "ib:mlx5_0:1"}),
+    ("GPUTemperatureFailed", "critical", {"check": "temperature", "target": "gpu:6"}),
+    ("GPUXidFailed", "warning", {"check": "xid", "target": "gpu:2"}),
+    ("GPUXidFailed", "warning", {"check": "xid", "target": "gpu:3"}),
+]
+
+
+def _golden_samples(name: str) -> dict[str, float]:
+    """A golden exposition's samples as promtool series selectors, with the labels the
+    ServiceMonitor adds (job, instance, node)."""
+    text = (GOLDEN / f"{name}.prom").read_text(encoding="utf-8")
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if math.isnan(sample.value):
+                continue
+            labels = {**sample.labels, "job": "gpu-monitor", "instance": "n1", "node": "n1"}
+            body = ", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(labels.items()))
+            out[f"{sample.name}{{{body}}}"] = sample.value
+    return out
+
+
+def test_the_daemons_own_exposition_of_a_node_turning_faulty_raises_the_expected_alerts(tmp_path):
+    """Twenty minutes of the healthy golden scrape, then the faulty one: nothing warning or
+    critical fires while healthy, and the faulty node raises exactly ``FAULTY_NODE_ALERTS``
+    (with no remediation series at all: dry-run or remediation off)."""
+    healthy, faulty = _golden_samples("h100_healthy"), _golden_samples("h100_faulty")
+    series = [{"series": "up{job=\"gpu-monitor\", instance=\"n1\", node=\"n1\"}",
+               "values": " ".join(["1"] * 41)}]
+    for selector in sorted(set(healthy) | set(faulty)):
+        before, after = healthy.get(selector), faulty.get(selector)
+        series.append({"series": selector, "values": " ".join(
+            ["_" if before is None else repr(before)] * 20
+            + ["_" if after is None else repr(after)] * 21)})
+    query = ('group by (alertname, severity, check, target, code) '
+             '(ALERTS{alertstate="firing", severity=~"warning|critical"})')
+    expected = []
+    for alert, severity, labels in FAULTY_NODE_ALERTS:
+        body = ", ".join(f"{k}={json.dumps(v)}" for k, v in
+                         {"alertname": alert, "severity": severity, **labels}.items())
+        expected.append({"labels": f"{{{body}}}", "value": 1})
+    spec = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series, "promql_expr_test": [
+            {"expr": query, "eval_time": "19m", "exp_samples": []},
+            {"expr": query, "eval_time": "22m", "exp_samples": expected}]}]}
+    _extract(tmp_path)
+    (tmp_path / "golden_test.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    out = subprocess.run([_promtool(), "test", "rules", "golden_test.yaml"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
