@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -18,6 +21,7 @@ from gpu_monitor.state import Store
 from gpu_monitor.state.errors import StoreCorruptError, StoreError, StoreVersionError
 from gpu_monitor.state.readonly import StoreAbsentError, open_read_only
 from gpu_monitor.state.schema import LATEST_VERSION
+from tests.conftest import REPO
 from tests.state_damage import (
     DAMAGED,
     assert_untouched,
@@ -129,3 +133,33 @@ def test_bad_flags_exit_2_with_a_message(tmp_path, capsys, argv):
     rc = main([*argv, "--state", path])
     err = capsys.readouterr().err
     assert rc == 2 and "gpu-monitor: error:" in err and "Traceback" not in err
+
+
+def _can_bind_mount_read_only(tmp_path) -> bool:
+    src, dst = tmp_path / "probe-src", tmp_path / "probe-dst"
+    src.mkdir()
+    dst.mkdir()
+    if not shutil.which("unshare"):
+        return False
+    got = subprocess.run(["unshare", "-m", "sh", "-c", f"mount --bind -o ro {src} {dst}"],
+                         capture_output=True)
+    return got.returncode == 0
+
+
+def test_a_copy_without_its_wal_on_a_read_only_mount_is_read(tmp_path):
+    """Guarantee 3: no -wal or -shm can be made there, so SQLite is told the file is fixed."""
+    if not _can_bind_mount_read_only(tmp_path):
+        pytest.skip("needs `unshare -m` and a bind mount (root in a mount namespace)")
+    copy_dir, ro_dir = tmp_path / "copy", tmp_path / "ro"
+    copy_dir.mkdir()
+    ro_dir.mkdir()
+    _store_with_results(str(copy_dir / "state.db"))
+    assert sorted(os.listdir(copy_dir)) == ["state.db"]  # checkpointed, closed: no -wal
+    script = (f"mount --bind -o ro {copy_dir} {ro_dir} && exec {sys.executable} -m "
+              f"gpu_monitor status -o json --state {ro_dir / 'state.db'}")
+    got = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120)
+    assert got.returncode == 0, got.stderr
+    doc = json.loads(got.stdout)
+    assert doc["results"]["failed"] == 1
+    assert sorted(os.listdir(copy_dir)) == ["state.db"]
