@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+from datetime import timedelta
 
 import pytest
 
@@ -163,3 +164,22 @@ def test_a_copy_without_its_wal_on_a_read_only_mount_is_read(tmp_path):
     doc = json.loads(got.stdout)
     assert doc["results"]["failed"] == 1
     assert sorted(os.listdir(copy_dir)) == ["state.db"]
+
+
+def test_result_rows_are_every_result_oldest_first_filtered_as_asked(tmp_path):
+    path = str(tmp_path / "state.db")
+    clock = FakeClock()
+    with Store.open(path, clock) as s:
+        for _ in range(3):
+            rs = tuple(Result(c, Status.OK, f"gpu:{g}", observed_at=clock.now())
+                       for c in ("xid", "power") for g in (0, 1))
+            s.record_run(RunOutcome("xid", rs, clock.now(), 0.1, True))
+            clock.advance(60)
+        mid = clock.now() - timedelta(seconds=90)
+    with open_read_only(path, clock) as store:
+        rows = store.result_rows()
+        assert len(rows) == 12 and [r[7] for r in rows] == sorted(r[7] for r in rows)
+        assert {(r[0], r[1]) for r in store.result_rows(check="power", target="gpu:1")} == {
+            ("power", "gpu:1")}
+        recent = store.result_rows(since=mid)
+        assert len(recent) == 4 and all(r[7] >= mid for r in recent)
