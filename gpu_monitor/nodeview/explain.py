@@ -7,7 +7,8 @@ extract of the runbook (runbook.py), so the two say the same thing.
 
 Lookup order: the runbook's table rows for the reason (one per check that declares it; a
 ``check/Reason`` argument keeps that check's), else the ``###`` sections whose prose names it
-in backticks, else, for ``Xid<n>``, the xid section and its catalog row for other codes.
+in backticks, else, for ``Xid<n>``, the xid section and its catalog row for other codes; an
+``SXid<n>`` is answered by the nvswitch rows for ``SXid<code>``.
 """
 
 from __future__ import annotations
@@ -64,13 +65,18 @@ def explain(data: Mapping[str, Any], argument: str) -> dict[str, Any]:
     ``close`` matches when the runbook does not know it."""
     check, reason = _with_check(argument.strip())
     sections = data["sections"]
+    # A numbered SXid is explained by the runbook's `SXid<code>` rows (fatal and non-fatal).
+    wanted = {reason}
+    if re.fullmatch(r"SXid\d+", reason):
+        wanted.add("SXid<code>")
     answers = []
     for e in data["entries"]:
-        if e["reason"] != reason or (check and e["section"] != check):
+        if e["reason"] not in wanted or (check and e["section"] != check):
             continue
         sec = sections.get(e["section"])
         answers.append({"check": e["section"] if e["section"] != "checks-and-reasons"
-                        else None, "status": e["status"], "meaning": e["meaning"],
+                        else None, "row": e["row"].replace("`", ""),
+                        "status": e["status"], "meaning": e["meaning"],
                         "how_sure": _how_sure(e, sec, data["confidence"]),
                         "what_to_do": e["what_to_do"],
                         "runbook": f"{_RUNBOOK_URL}#{e['section']}"})

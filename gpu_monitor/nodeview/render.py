@@ -111,7 +111,10 @@ def explain_table(doc: Mapping[str, Any]) -> str:
     lines: list[str] = []
     for a in doc["answers"]:
         where = a["check"] or "any check (worker and framework reasons)"
-        lines.append(f"{doc['reason']}  ({where}{', ' + a['status'] if a['status'] else ''})")
+        row = a.get("row") or doc["reason"]
+        named = "" if row == doc["reason"] else f"{row}: "
+        status = f", {named}{a['status']}" if a["status"] else ""
+        lines.append(f"{doc['reason']}  ({where}{status})")
         lines += _wrap("what it means", a["meaning"])
         lines += _wrap("how sure", a["how_sure"])
         lines += _wrap("what to do", a["what_to_do"])

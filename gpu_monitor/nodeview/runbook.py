@@ -92,7 +92,7 @@ def extract(markdown: str) -> dict[str, Any]:
         if header[0] not in ("reason", "code"):
             continue
         for reason in _reasons(cells[0], header[0]):
-            entries.append({"reason": reason, "section": anchor, "title": title,
+            entries.append({"reason": reason, "row": cells[0], "section": anchor, "title": title,
                             "status": row.get("status", row.get("status, action", "")),
                             "meaning": row.get("meaning", ""),
                             "how_sure": row.get("how sure", ""),

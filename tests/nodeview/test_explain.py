@@ -91,3 +91,10 @@ def test_the_extract_reads_table_rows_ranges_and_escaped_bars():
     assert ("xid", "Xid119") in entries and ("xid", "Xid120") in entries
     # `dmesg \\| grep NVRM` in a cell is one cell, not two.
     assert "dmesg | grep NVRM" in entries[("inventory", "NvmlUnavailable")]["what_to_do"]
+
+
+def test_a_numbered_sxid_is_explained_by_the_nvswitch_rows(data):
+    doc = explain(data, "SXid12028")
+    assert doc["found"]
+    assert {a["check"] for a in doc["answers"]} == {"nvswitch"}
+    assert any("fatal" in a["status"] or "reboot" in a["status"] for a in doc["answers"])
