@@ -107,3 +107,11 @@ def test_an_unknown_result_is_never_acted_on_and_says_why(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "nothing: no finding asks for an operation" in out
     assert "not acted on: nvlink_state gpu:0 NvmlReadError (unknown" in out
+
+
+def test_the_state_file_defaults_to_the_configs_state_path(quarantined, tmp_path, capsys):
+    path, _ = quarantined
+    config = tmp_path / "config.yaml"
+    config.write_text(f"state_path: {path}\n")
+    assert main(["status", "--config", str(config), "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["state_file"] == path
