@@ -38,6 +38,7 @@ from gpu_monitor.hw.paths import DEFAULT_STATE_DB, HostPaths
 from gpu_monitor.kube.config import kubeconfig_factory
 from gpu_monitor.kube.errors import KubeConfigError
 from gpu_monitor.model import EXIT_USAGE, Kind, UsageError
+from gpu_monitor.nodeview.cli import register as register_nodeview
 from gpu_monitor.profiles import ProfileError, load_profile, match_profile
 from gpu_monitor.registry import all_check_classes
 from gpu_monitor.remediate.cli import register as register_remediation
@@ -163,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_remediation(sub)
     register_fabric(sub)
     register_state(sub)
+    register_nodeview(sub)
     return parser
 
 

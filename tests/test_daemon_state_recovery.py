@@ -68,7 +68,8 @@ def write_config(tmp_path: Path, fake: FakeApiServer, recover: bool = True) -> t
 
 
 class DaemonProcess:
-    def __init__(self, tmp_path: Path, state: str, config: str, kubeconfig: str):
+    def __init__(self, tmp_path: Path, state: str, config: str, kubeconfig: str,
+                 extra: tuple[str, ...] = ()):
         self.port = free_port()
         tmpdir = tmp_path / "tmp"
         tmpdir.mkdir(exist_ok=True)
@@ -78,7 +79,7 @@ class DaemonProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gpu_monitor", "daemon", "--simulate", "h100-sxm-8",
              "--state", state, "--config", config, "--listen", f"127.0.0.1:{self.port}",
-             "--log-level", "info"],
+             "--log-level", "info", *extra],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def get(self, path: str) -> tuple[int, str]:

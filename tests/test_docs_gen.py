@@ -23,3 +23,12 @@ def test_every_exported_metric_is_documented():
     exported = {line.split()[2] for line in golden.splitlines() if line.startswith("# TYPE")}
     documented = {m.name for m in documented_metrics()}
     assert exported <= documented, f"undocumented: {exported - documented}"
+
+
+def test_the_packaged_runbook_is_current():
+    from gpu_monitor.nodeview import runbook
+
+    want = runbook.render_json((DOCS / "runbook.md").read_text(encoding="utf-8"))
+    have = runbook.PACKAGED.read_text(encoding="utf-8")
+    assert have == want, ("gpu_monitor/nodeview/runbook.json is stale (docs/runbook.md "
+                          "changed): run `python -m gpu_monitor.docs_gen`")

@@ -15,6 +15,9 @@ DEFAULT_PROCFS = "/proc"
 DEFAULT_DEV = "/dev"
 DEFAULT_ROOTFS = "/"
 DEFAULT_STATE_DB = "/var/lib/gpu-monitor/state.db"
+# Where the DaemonSet mounts the daemon's configuration (daemonset/daemonset.yaml --config):
+# the node-view commands read it by default, so they judge with the daemon's settings.
+DEFAULT_CONFIG_FILE = "/etc/gpu-monitor/config.yaml"
 DEFAULT_REPORT_DIR = "/var/lib/gpu-monitor/reports"
 DEFAULT_REBOOT_SENTINEL = "/var/run/reboot-required"
 

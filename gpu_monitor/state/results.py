@@ -119,6 +119,15 @@ class ResultTables(Database):
             rows = c.execute(sql, args).fetchall()
         return [self._result(row) for row in reversed(rows)]
 
+    def result_rows(self, since: datetime | None = None, check: str | None = None,
+                    target: str | None = None) -> list[tuple[Any, ...]]:
+        """``(check, target, status, reason, message, details JSON text, action, observed
+        datetime)`` of every stored result, oldest first, filtered as given: a history of the
+        whole node without building a frozen ``Result`` (and decoding its details) per row."""
+        rows = self._select(f"SELECT {self._RESULT_COLUMNS} FROM results", "observed_us, id",
+                            "observed_us", since, (("check_name", check), ("target", target)))
+        return [(*row[:7], from_us(row[7])) for row in rows]
+
     def last_run(self, check: str) -> RunInfo | None:
         with self._read() as c:
             row = c.execute("SELECT check_name, started_us, duration_s, success, error"
