@@ -219,7 +219,10 @@ def _scan() -> tuple[list[Read], list[str]]:
     unresolved: list[str] = []
     for path in _sources():
         mod = _Module(path)
-        own = path.stem if mod.rel.startswith("checks/") else ANY_CHECK
+        # A check's own module reads its own settings; a shared checks/_*.py helper reads for
+        # whichever check calls it, so only the keys every check has.
+        own = (path.stem if mod.rel.startswith("checks/") and not path.stem.startswith("_")
+               else ANY_CHECK)
         calls, lost = _setting_calls(mod)
         unresolved += lost
         for call in calls:
