@@ -103,6 +103,20 @@ def _imports(module: str) -> tuple[tuple[str, bool, int], ...]:
     return tuple(found)
 
 
+
+def test_the_scan_sees_the_whole_tree():
+    """The tests below read ``_sources()``; when it finds nothing they pass without looking
+    (ROOT pointed elsewhere once). Every built-in check and the entry points must be in it."""
+    from checks import ALL_CHECKS
+
+    found = _sources()
+    wanted = {c.__module__ for c in ALL_CHECKS} | {
+        "gpu_monitor.cli", "gpu_monitor.daemon", "gpu_monitor.hw.nvml_reader", "checks"}
+    assert sorted(wanted - found.keys()) == []
+    assert all(path.is_file() for path in found.values())
+    assert len(_check_modules()) >= len(ALL_CHECKS)
+    assert any(inside for m in found for _, inside, _ in _imports(m))
+
 # --- pynvml is named in one place --------------------------------------------------------------------
 
 
