@@ -17,117 +17,16 @@ from gpu_monitor.state import Store
 from gpu_monitor.state.errors import StoreCorruptError, StoreError, StoreVersionError
 from gpu_monitor.state.schema import APPLICATION_ID, LATEST_VERSION, MIGRATIONS, Migration
 
-# Version 1 exactly as it shipped. Files in the field were built by this text, so the
-# migration that carries it must never change (test_shipped_v1_migration_is_frozen).
-V1_SQL = """
-CREATE TABLE results (
-    id INTEGER PRIMARY KEY,
-    check_name TEXT NOT NULL,
-    target TEXT NOT NULL,
-    status TEXT NOT NULL,
-    reason TEXT NOT NULL,
-    message TEXT NOT NULL DEFAULT '',
-    details TEXT NOT NULL DEFAULT '{}',
-    action TEXT NOT NULL DEFAULT 'none',
-    observed_us INTEGER NOT NULL
-);
-CREATE TABLE runs (
-    check_name TEXT PRIMARY KEY,
-    started_us INTEGER NOT NULL,
-    duration_s REAL NOT NULL,
-    success INTEGER NOT NULL
-);
-CREATE TABLE reason_counters (
-    check_name TEXT NOT NULL,
-    reason TEXT NOT NULL,
-    count INTEGER NOT NULL,
-    PRIMARY KEY (check_name, reason)
-) WITHOUT ROWID;
-CREATE TABLE kmsg_boots (
-    boot_id TEXT PRIMARY KEY,
-    high_water INTEGER NOT NULL,
-    pruned_through INTEGER NOT NULL DEFAULT -1,
-    first_seen_us INTEGER NOT NULL
-);
-CREATE TABLE kmsg_seen (
-    boot_id TEXT NOT NULL REFERENCES kmsg_boots(boot_id),
-    seq INTEGER NOT NULL,
-    seen_us INTEGER NOT NULL,
-    PRIMARY KEY (boot_id, seq)
-) WITHOUT ROWID;
-CREATE TABLE xid_events (
-    id INTEGER PRIMARY KEY,
-    boot_id TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    observed_us INTEGER NOT NULL,
-    code INTEGER NOT NULL,
-    pci_bus_id TEXT NOT NULL DEFAULT '',
-    gpu_uuid TEXT,
-    gpu_index INTEGER,
-    kind TEXT NOT NULL CHECK (kind IN ('xid', 'sxid')),
-    message TEXT NOT NULL DEFAULT '',
-    fatal INTEGER NOT NULL DEFAULT 0,
-    UNIQUE (boot_id, seq, code, pci_bus_id)
-);
-CREATE TABLE xid_counters (
-    kind TEXT NOT NULL,
-    gpu_index INTEGER NOT NULL,
-    gpu_uuid TEXT NOT NULL,
-    code INTEGER NOT NULL,
-    count INTEGER NOT NULL,
-    PRIMARY KEY (kind, gpu_index, gpu_uuid, code)
-) WITHOUT ROWID;
-CREATE TABLE ports (
-    device TEXT NOT NULL,
-    port INTEGER NOT NULL,
-    closed_down_us INTEGER NOT NULL DEFAULT 0,
-    outages INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (device, port)
-) WITHOUT ROWID;
-CREATE TABLE port_down (
-    id INTEGER PRIMARY KEY,
-    device TEXT NOT NULL,
-    port INTEGER NOT NULL,
-    start_us INTEGER NOT NULL,
-    end_us INTEGER,
-    FOREIGN KEY (device, port) REFERENCES ports(device, port)
-);
-CREATE UNIQUE INDEX port_down_one_open ON port_down(device, port) WHERE end_us IS NULL;
-CREATE TABLE kv (
-    namespace TEXT NOT NULL,
-    key TEXT NOT NULL,
-    value TEXT NOT NULL,
-    updated_us INTEGER NOT NULL,
-    PRIMARY KEY (namespace, key)
-) WITHOUT ROWID;
-CREATE TABLE node_state (
-    id INTEGER PRIMARY KEY CHECK (id = 1),
-    state TEXT NOT NULL,
-    since_us INTEGER NOT NULL,
-    reason TEXT NOT NULL,
-    retest_failures INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE node_state_history (
-    id INTEGER PRIMARY KEY,
-    at_us INTEGER NOT NULL,
-    from_state TEXT NOT NULL,
-    to_state TEXT NOT NULL,
-    reason TEXT NOT NULL
-);
-CREATE TABLE actions (
-    id INTEGER PRIMARY KEY,
-    action TEXT NOT NULL,
-    result TEXT NOT NULL,
-    at_us INTEGER NOT NULL,
-    details TEXT NOT NULL DEFAULT '{}'
-);
-CREATE TABLE action_counters (
-    action TEXT NOT NULL,
-    result TEXT NOT NULL,
-    count INTEGER NOT NULL,
-    PRIMARY KEY (action, result)
-) WITHOUT ROWID;
-"""
+# Each shipped migration's SQL as SHA-256 over its statements with white space folded (one
+# line a statement). Files in the field were built by exactly this text, so a digest that no
+# longer matches means a shipped migration was edited: add a new migration instead. Holding
+# the digest, not a second copy of the DDL, keeps one text of each version: the v1 file below
+# is built from the very SQL this pins. A new migration adds its line here when it is written.
+SHIPPED_SHA256 = {
+    1: "4e2251452901b8def3d4543a7a68824dfe6059342d4aad12b42732019ce8c1ac",
+    2: "0b0dc7a7bd7e65d8f021daef21105fe410a13edff8d11a0672df93e29f6974ef",
+    3: "3699626d7d3788681bfe505e70f2ba56fcd90f93f75172ed524bb02ea9daecfd",
+}
 
 
 def _normalise(script: str) -> list[str]:
@@ -142,9 +41,16 @@ def _sha(path) -> str:
     return hashlib.sha256(open(path, "rb").read()).hexdigest()
 
 
-def test_shipped_v1_migration_is_frozen():
+def _digest(script: str) -> str:
+    return hashlib.sha256("\n".join(_normalise(script)).encode()).hexdigest()
+
+
+def test_shipped_migrations_are_frozen():
     assert MIGRATIONS[0].version == 1
-    assert _normalise(MIGRATIONS[0].apply) == _normalise(V1_SQL)
+    assert {m.version for m in MIGRATIONS} == set(SHIPPED_SHA256)
+    for m in MIGRATIONS:
+        assert isinstance(m.apply, str), f"v{m.version}: pin a function migration another way"
+        assert _digest(m.apply) == SHIPPED_SHA256[m.version], f"shipped v{m.version} was edited"
 
 
 def test_migration_versions_are_consecutive_from_one():
@@ -154,11 +60,12 @@ def test_migration_versions_are_consecutive_from_one():
 
 @pytest.fixture
 def v1_db(tmp_path):
-    """A version-1 file with data in it, written without any gpu-monitor code."""
+    """A version-1 file with data in it, written by the shipped v1 SQL alone (pinned by
+    test_shipped_migrations_are_frozen), without the store's code."""
     path = str(tmp_path / "state.db")
     t0 = _us(FakeClock().now())
     raw = sqlite3.connect(path)
-    raw.executescript(V1_SQL)
+    raw.executescript(MIGRATIONS[0].apply)
     raw.executescript(f"""
         PRAGMA user_version = 1;
         -- gpu:0 arrived newest first (ids out of time order): the backfill must go by time

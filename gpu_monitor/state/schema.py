@@ -2,7 +2,7 @@
 
 Why it exists: files in the field were built by the SQL their release shipped, so the schema is
 history, not a definition to edit. ``MIGRATIONS`` is the ordered list of steps; a shipped step
-is never changed (a test compares version 1 with a frozen copy), and ``apply_migrations`` runs
+is never changed (a test pins each step's SQL by its digest), and ``apply_migrations`` runs
 each step a file lacks in its own transaction, together with the ``user_version`` bump.
 docs/state.md lists the versions and the rules for adding one.
 """
