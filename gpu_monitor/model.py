@@ -193,20 +193,26 @@ NODE = "node"
 # --- results ---------------------------------------------------------------------------------
 
 
-def _freeze(value: Any) -> Any:
+def freeze(value: Any, *, str_keys: bool = False) -> Any:
+    """Nested dicts/lists -> read-only mappings/tuples, so that a frozen value (a result's
+    details, a profile) has no part a reader could change. ``str_keys``: keys become text, as
+    they will be in the value's JSON."""
     if isinstance(value, Mapping):
-        return MappingProxyType({str(k): _freeze(v) for k, v in value.items()})
+        return MappingProxyType({(str(k) if str_keys else k): freeze(v, str_keys=str_keys)
+                                 for k, v in value.items()})
     if isinstance(value, (list, tuple)):
-        return tuple(_freeze(v) for v in value)
+        return tuple(freeze(v, str_keys=str_keys) for v in value)
     return value
 
 
-def _thaw(value: Any) -> Any:
+def thaw(value: Any, *, json_safe: bool = False) -> Any:
+    """Read-only mappings/tuples -> plain dicts/lists (fresh copies). ``json_safe``: NaN, which
+    JSON cannot carry, becomes None."""
     if isinstance(value, Mapping):
-        return {k: _thaw(v) for k, v in value.items()}
-    if isinstance(value, tuple):
-        return [_thaw(v) for v in value]
-    if isinstance(value, float) and value != value:  # NaN is not JSON
+        return {k: thaw(v, json_safe=json_safe) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [thaw(v, json_safe=json_safe) for v in value]
+    if json_safe and isinstance(value, float) and value != value:
         return None
     return value
 
@@ -231,7 +237,7 @@ class Result:
             raise ValueError(f"reason must be a CamelCase token, got {self.reason!r}")
         if self.observed_at.tzinfo is None:
             raise ValueError("observed_at must be timezone-aware (UTC)")
-        object.__setattr__(self, "details", _freeze(self.details))
+        object.__setattr__(self, "details", freeze(self.details, str_keys=True))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -240,7 +246,7 @@ class Result:
             "target": self.target,
             "reason": self.reason,
             "message": self.message,
-            "details": _thaw(self.details),
+            "details": thaw(self.details, json_safe=True),
             "action": self.action.value,
             "observed_at": iso(self.observed_at),
         }

@@ -10,7 +10,9 @@ from gpu_monitor.model import (
     Status,
     Verdict,
     canonical_pci,
+    freeze,
     iso,
+    thaw,
     verdict_of,
 )
 
@@ -58,6 +60,24 @@ def test_result_details_are_frozen_and_round_trip():
     again = Result.from_dict(json.loads(json.dumps(r.to_dict())))
     assert again == r
     assert again.status is Status.FAILED and again.action is Action.RESET_GPU
+
+
+def test_result_details_get_text_keys_and_lose_nan_on_the_way_to_json():
+    r = Result(check="pcie", status="ok", details={3: {"gbps": float("nan")}, "rows": (1, 2)},
+               observed_at=T0)
+    assert list(r.details) == ["3", "rows"]
+    assert r.to_dict()["details"] == {"3": {"gbps": None}, "rows": [1, 2]}
+
+
+def test_freeze_and_thaw_keep_keys_and_values_as_they_are_unless_asked():
+    value = {1: [{"x": float("inf")}, 2], "nan": float("nan")}
+    frozen = freeze(value)
+    assert list(frozen) == [1, "nan"] and frozen[1] == ({"x": float("inf")}, 2)
+    with pytest.raises(TypeError):
+        frozen[1][0]["x"] = 0  # type: ignore[index]
+    back = thaw(frozen)
+    assert back[1] == [{"x": float("inf")}, 2] and back["nan"] != back["nan"]  # still NaN
+    assert thaw(frozen, json_safe=True)["nan"] is None
 
 
 def test_iso_is_utc_with_z_suffix():

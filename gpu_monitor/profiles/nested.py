@@ -8,26 +8,12 @@ what the next one reads.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import MappingProxyType
 from typing import Any
 
+# One freeze for every frozen value: the results' details are frozen by the same code.
+from gpu_monitor.model import freeze, thaw
 
-def freeze(value: Any) -> Any:
-    """Nested dicts/lists -> read-only mappings/tuples."""
-    if isinstance(value, Mapping):
-        return MappingProxyType({k: freeze(v) for k, v in value.items()})
-    if isinstance(value, (list, tuple)):
-        return tuple(freeze(v) for v in value)
-    return value
-
-
-def thaw(value: Any) -> Any:
-    """Read-only mappings/tuples -> plain dicts/lists (fresh copies)."""
-    if isinstance(value, Mapping):
-        return {k: thaw(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [thaw(v) for v in value]
-    return value
+__all__ = ["deep_merge", "dig", "freeze", "thaw"]
 
 
 def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
