@@ -162,7 +162,9 @@ def test_nvml_error_takes_every_error_pynvml_can_raise(error):
     assert s.gpu(0).nvml_errors == {"nvmlDeviceGetUUID": error}
 
 
-@pytest.mark.parametrize("text, needle", [
+# What each kind refuses because it would inject nothing (or the wrong thing): (text, what the
+# error must say). test_a_fault_that_cannot_be_injected_is_refused_saying_why runs them all.
+NVML_ERROR_REFUSALS = [
     ("nvml-error@gpu:2,call=nvmlDeviceGetCount,error=Unknown", "nvml-error@node,call="),
     ("nvml-error@gpu:2,call=nvmlInit", "names no GPU"),
     ("nvml-error@gpu:2,call=nvmlDeviceGetTemprature", "not a per-GPU NVML function"),
@@ -170,24 +172,11 @@ def test_nvml_error_takes_every_error_pynvml_can_raise(error):
     ("nvml-error@node", "call=NAME is required at node"),
     ("nvml-error@gpu:2,call=nvmlDeviceGetUUID,error=Bogus", "expected one of"),
     ("nvml-error@nvswitch:0,call=nvmlDeviceGetUUID", "gpu or node target"),
-])
-def test_nvml_error_refuses_what_would_inject_nothing(text, needle):
-    with pytest.raises(InjectError, match=needle):
-        apply(text)
-
-
-def test_targets_that_do_not_exist_are_errors():
-    with pytest.raises(InjectError, match="no gpu:9"):
-        apply("xid@gpu:9,code=79")
-    with pytest.raises(InjectError, match="no ib:mlx5_9:1"):
-        apply("port-down@ib:mlx5_9:1")
-
-
-@pytest.mark.parametrize("text, needle", [("missing@node,what=nvidia-smi", "expected one of dcgmi"),
-                                          ("missing@node", "missing what=")])
-def test_missing_names_what_it_can_take_away(text, needle):
-    with pytest.raises(InjectError, match=needle):
-        apply(text)
+]
+TARGETS_THAT_DO_NOT_EXIST = [("xid@gpu:9,code=79", "no gpu:9"),
+                             ("port-down@ib:mlx5_9:1", "no ib:mlx5_9:1")]
+MISSING_NAMES_WHAT_IT_CAN_TAKE_AWAY = [("missing@node,what=nvidia-smi", "expected one of dcgmi"),
+                                       ("missing@node", "missing what=")]
 
 
 @pytest.mark.parametrize("text,owner,rel,shape,content", [
@@ -209,7 +198,7 @@ def test_sysfs_fault_names_the_file_of_its_owner(text, owner, rel, shape, conten
     assert apply(text).sysfs_overrides == {(owner, rel): SysfsOverride(shape, content)}
 
 
-@pytest.mark.parametrize("text,needle", [
+SYSFS_REFUSALS = [
     ("sysfs@gpu:0,value=1", "file= must name a file"),
     ("sysfs@gpu:0,file=../../etc/passwd,value=1", "file= must name a file"),
     ("sysfs@gpu:0,file=/rate,value=1", "file= must name a file"),
@@ -218,10 +207,7 @@ def test_sysfs_fault_names_the_file_of_its_owner(text, owner, rel, shape, conten
     ("sysfs@pcie:0000:99:00.0,file=class,shape=empty", "no PCI function 0000:99:00.0"),
     ("sysfs@ib:mlx5_9:1,file=rate,shape=empty", "no ib:mlx5_9:1"),
     ("sysfs@node,file=rate,shape=empty", "needs a sysfs target"),
-])
-def test_sysfs_fault_errors_say_what_is_wrong(text, needle):
-    with pytest.raises(InjectError, match=needle):
-        apply(text)
+]
 
 
 @pytest.mark.parametrize("what, field", [("dcgmi", "dcgmi_installed"),
@@ -247,7 +233,7 @@ def test_dcgm_output_and_ib_bw_output_faults_land_in_the_spec(tmp_path):
     assert apply("ib-bw@ib:mlx5_0:1,gbit=nan").ib_port("mlx5_0", 1).loopback_gbit != 0
 
 
-@pytest.mark.parametrize("text,needle", [
+OUTPUT_REFUSALS = [
     ("dcgm-output@node", "give at least one of"),
     ("dcgm-output@gpu:0,exit=1", "needs a node target"),
     ("dcgm-output@node,exit=300", "not an exit status"),
@@ -257,7 +243,12 @@ def test_dcgm_output_and_ib_bw_output_faults_land_in_the_spec(tmp_path):
     ("ib-bw-output@ib:mlx5_0:1", "give cut="),
     ("ib-bw-output@ib:mlx5_0:1,cut=sideways", "expected one of"),
     ("ib-bw-output@ib:mlx5_7:1,exit=1", "no ib:mlx5_7:1"),
-])
-def test_output_fault_errors_say_what_is_wrong(text, needle):
+]
+
+
+@pytest.mark.parametrize("text, needle", [*NVML_ERROR_REFUSALS, *TARGETS_THAT_DO_NOT_EXIST,
+                                          *MISSING_NAMES_WHAT_IT_CAN_TAKE_AWAY, *SYSFS_REFUSALS,
+                                          *OUTPUT_REFUSALS])
+def test_a_fault_that_cannot_be_injected_is_refused_saying_why(text, needle):
     with pytest.raises(InjectError, match=needle):
         apply(text)
