@@ -172,6 +172,33 @@ def _garbled_common(event: str) -> list[tuple[str, bytes, bool]]:
     ]
 
 
+def _header_garbled(word: str, pci: tuple[str, str, str, str | None], code: str, rest: str
+                    ) -> list[tuple[str, str, bool]]:
+    """The broken headers both parsers must refuse, built from one real header: its event code
+    or PCI address out of bounds, missing or cut off. ``word``: the line up to the address;
+    ``pci``: (domain, bus, device, function or None) as the real line writes it."""
+    dom, bus, dev, fn = pci
+
+    def pci_at(d: str = dom, b: str = bus, f: str | None = fn) -> str:
+        return f"{d}:{b}:{dev}" + ("" if f is None else f".{f}")
+
+    def line(address: str, value: str) -> str:
+        return f"{word} (PCI:{address}): {value}, {rest}"
+
+    return [
+        ("code-of-7-digits", line(pci_at(), code.ljust(7, "0")), False),
+        ("code-of-5000-digits", line(pci_at(), HUGE), False),
+        ("code-negative", line(pci_at(), f"-{code}"), False),
+        ("code-missing", line(pci_at(), ""), False),
+        ("pci-domain-past-16-bits", line(pci_at(d=f"1{dom}"), code), False),
+        ("pci-bus-of-3-digits", line(pci_at(b=f"1{bus}"), code), False),
+        ("pci-function-8", line(pci_at(f="8"), code), False),
+        ("pci-empty", line("", code), False),
+        ("cut-in-the-address", f"{word} (PCI:{dom}:{bus}:{dev[0]}", False),
+        ("cut-after-the-word", word, False),
+    ]
+
+
 def _xid_garbled() -> list[tuple[str, bytes, bool]]:
     at = "NVRM: Xid (PCI:0000:53:00): "
     lines = [
@@ -184,20 +211,11 @@ def _xid_garbled() -> list[tuple[str, bytes, bool]]:
                              f"{HUGE}(0x0, 0x0, 0x10000, 0x0)", False),
         ("huge-nvlink5-link", f"{at}145, RLW_REMAP Nonfatal XC0 i0 Link {HUGE} (0x1 0x2)", False),
         ("huge-gpu-instance", f"NVRM: Xid (PCI:0000:53:00 GPU-I:{HUGE}): 94, pid=1, x", False),
-        ("code-of-7-digits", f"{at}7900000, pid=1, name=x, text", False),
-        ("code-of-5000-digits", f"{at}{HUGE}, pid=1, name=x, text", False),
-        ("code-negative", f"{at}-79, pid=1, name=x, text", False),
         ("code-in-hex", f"{at}0x4f, pid=1, name=x, text", False),
-        ("code-missing", f"{at}, pid=1, name=x, text", False),
-        ("pci-domain-past-16-bits", "NVRM: Xid (PCI:10000:53:00): 79, pid=1, x", False),
         ("pci-domain-of-9-digits", "NVRM: Xid (PCI:123456789:53:00): 79, pid=1, x", False),
-        ("pci-bus-of-3-digits", "NVRM: Xid (PCI:0000:153:00): 79, pid=1, x", False),
-        ("pci-function-8", "NVRM: Xid (PCI:0000:53:00.8): 79, pid=1, x", False),
-        ("pci-empty", "NVRM: Xid (PCI:): 79, pid=1, x", False),
-        ("cut-in-the-address", "NVRM: Xid (PCI:0000:53:0", False),
         ("cut-before-the-code", at, False),
-        ("cut-after-the-word", "NVRM: Xid", False),
         ("fallen-off-header-alone", "NVRM: The NVIDIA GPU 0000:53:00.0", False),
+        *_header_garbled("NVRM: Xid", ("0000", "53", "00", None), "79", "pid=1, name=x, text"),
     ]
     return [(i, _dmesg(t).encode(), kept) for i, t, kept in lines] + _garbled_common(XID79_GPU0)
 
@@ -212,19 +230,9 @@ def _sxid_garbled() -> list[tuple[str, bytes, bool]]:
          False),
         ("huge-engine-instance", f"{at}20034, Severity 1 Engine instance {HUGE}", False),
         ("huge-data-word", f"{at}20034, Data {{0x{'f' * 5000}, 0x1}}", False),
-        ("code-of-7-digits", f"{at}2003400, Fatal, Link 63 LTSSM Fault Up", False),
-        ("code-of-5000-digits", f"{at}{HUGE}, Fatal, Link 63 LTSSM Fault Up", False),
-        ("code-negative", f"{at}-20034, Fatal, Link 63 LTSSM Fault Up", False),
-        ("code-missing", f"{at}, Fatal, Link 63 LTSSM Fault Up", False),
-        ("pci-domain-past-16-bits", "nvidia-nvswitch0: SXid (PCI:10000:05:00.0): 20034, Fatal",
-         False),
-        ("pci-bus-of-3-digits", "nvidia-nvswitch0: SXid (PCI:0000:105:00.0): 20034, Fatal",
-         False),
-        ("pci-function-8", "nvidia-nvswitch0: SXid (PCI:0000:05:00.8): 20034, Fatal", False),
-        ("pci-empty", "nvidia-nvswitch0: SXid (PCI:): 20034, Fatal", False),
         ("data-block-cut", f"{at}20034, Data {{0x50610002, 0x1010", False),
-        ("cut-in-the-address", "nvidia-nvswitch0: SXid (PCI:0000:05:0", False),
-        ("cut-after-the-word", "nvidia-nvswitch0: SXid", False),
+        *_header_garbled("nvidia-nvswitch0: SXid", ("0000", "05", "00", "0"), "20034",
+                         "Fatal, Link 63 LTSSM Fault Up"),
     ]
     return [(i, _dmesg(t).encode(), kept) for i, t, kept in lines] + _garbled_common(SXID_SW0)
 
