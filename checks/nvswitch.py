@@ -127,7 +127,6 @@ class NvSwitch(Check):
         self._grouper = SxidGrouper()
         self._open = OpenProblems(self.name)
         self._clear = ClearTracker(self.name)
-        self._memory: list[XidEvent] = []
 
     # --- kernel log ---------------------------------------------------------------------------
 
@@ -171,13 +170,11 @@ class NvSwitch(Check):
         event = XidEvent(boot_id=boot, seq=record_seq(record), observed_at=at, code=ev.code,
                          pci_bus_id=ev.pci, kind="sxid", message=ev.lines[0][:2000],
                          fatal=ev.fatal)
-        if ctx.store is not None:
+        if ctx.store is not None:  # without a store nothing reads SXid history back
             try:
                 ctx.store.add_xid_event(event)
             except Exception as exc:  # noqa: BLE001 - keep detecting even if history fails
                 log.error("nvswitch: cannot store event: %s", exc)
-        else:
-            self._memory.append(event)
         status, action = status_of(ev)
         self._open.note(ctx, target, {"status": status.value, "action": action.value,
                                       "reason": ev.reason, "code": ev.code, "boot_id": boot,
@@ -227,7 +224,6 @@ class NvSwitch(Check):
 
     def _scan(self, ctx: Context) -> list[Result]:
         self._grouper = SxidGrouper()
-        self._memory = []
         found: dict[int, tuple[SxidEvent, KmsgRecord]] = {}
         log_scan = KernelLogScan(ctx, (b"SXid",))
         for item in log_scan:

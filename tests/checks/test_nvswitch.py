@@ -136,6 +136,18 @@ def test_unknown_sxid_codes_and_garbage_are_counted(sim):
         ("nvswitch:0", "SXid26006", Status.DEGRADED)]
 
 
+
+def test_without_a_store_events_leave_no_growing_history(sim):
+    """Off a store (one-shot runs, `check --once`) nothing reads SXid history back, so the
+    check keeps none: a daemon without a store must not grow with every event."""
+    check = NvSwitch()
+    ctx = dataclasses.replace(sim.ctx(), store=None)
+    for i in range(300):
+        check.on_kmsg(rec(f"[{100 + i}.0] nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 20009, "
+                          f"Non-fatal, Link {i % 64:02d} RX Short Error Rate", i + 1), ctx)
+    sizes = {k: len(v) for k, v in vars(check).items() if isinstance(v, (list, dict, set))}
+    assert all(n < 100 for n in sizes.values()), sizes
+
 def test_a_ring_buffer_gap_is_not_a_record(sim):
     from gpu_monitor.hw.kmsg.record import KmsgGap
 
