@@ -385,8 +385,9 @@ def build_active_check_job(node: str, gpus: int, spec: ActiveCheckSpec, *, probe
             "activeDeadlineSeconds": spec.active_deadline_s,
             "ttlSecondsAfterFinished": spec.ttl_after_finished_s,
             # Preempted or evicted: the check is abandoned, never retried on the same GPUs.
+            # ``status`` is required by API servers before 1.35 (defaulted to True after).
             "podFailurePolicy": {"rules": [{"action": "FailJob", "onPodConditions": [
-                {"type": "DisruptionTarget"}]}]},
+                {"type": "DisruptionTarget", "status": "True"}]}]},
             "template": {
                 "metadata": {"labels": dict(labels)},
                 "spec": {

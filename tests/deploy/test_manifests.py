@@ -23,15 +23,17 @@ from tests.deploy.deploy_helpers import (
     base_objects,
     component_dirs,
     find,
+    kubernetes_validate,
     load_yaml_documents,
     manifest_files,
     objects,
     overlay,
     render,
+    validate_object,
 )
 
 #: Kinds served by the Kubernetes API itself (validated); everything else is a custom resource.
-CORE_API_GROUPS = ("v1", "apps/", "rbac.authorization.k8s.io/", "scheduling.k8s.io/",
+CORE_API_GROUPS = ("v1", "apps/", "batch/", "rbac.authorization.k8s.io/", "scheduling.k8s.io/",
                    "apiextensions.k8s.io/", "admissionregistration.k8s.io/")
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass",
                   "CustomResourceDefinition", "ValidatingAdmissionPolicy",
@@ -39,30 +41,9 @@ CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityCla
 COMPONENT_NAMES = sorted(component_dirs())
 
 
-def _kubernetes_validate():
-    return pytest.importorskip(
-        "kubernetes_validate",
-        reason="kubernetes-validate is not installed (pip install kubernetes-validate; it is "
-               "in the test extra): manifests are not checked against the Kubernetes schemas")
-
-
 def _is_core(doc: dict) -> bool:
     api = doc["apiVersion"]
     return api == "v1" or api.startswith(CORE_API_GROUPS[1:])
-
-
-def _versions(kv, minimum: str) -> list[str]:
-    return sorted({minimum, kv.latest_version()}, key=lambda v: tuple(map(int, v.split("."))))
-
-
-def _validate(kv, doc: dict, minimum: str, where: str) -> None:
-    for version in _versions(kv, minimum):
-        try:
-            kv.validate(doc, version, strict=True)
-        except kv.ValidationError as exc:
-            path = "/".join(str(p) for p in exc.path)
-            pytest.fail(f"{where}: {doc['kind']}/{doc['metadata']['name']} is invalid for "
-                        f"Kubernetes {version} at {path or '.'}: {exc.message}")
 
 
 def _label(path: Path) -> str:
@@ -84,24 +65,24 @@ def test_every_manifest_file_parses_into_named_objects(path):
 
 @pytest.mark.parametrize("path", BASE_FILES, ids=_label)
 def test_core_manifests_validate_against_the_kubernetes_schemas(path):
-    kv = _kubernetes_validate()
+    kv = kubernetes_validate()
     for doc in load_yaml_documents(path):
         if _is_core(doc):
-            _validate(kv, doc, MIN_KUBERNETES, _label(path))
+            validate_object(kv, doc, MIN_KUBERNETES, _label(path))
 
 
 @pytest.mark.parametrize("path", COMPONENT_FILES, ids=_label)
 def test_component_manifests_validate_against_the_kubernetes_schemas(path):
-    kv = _kubernetes_validate()
+    kv = kubernetes_validate()
     admission = "own-node-admission" in path.parts  # needs ValidatingAdmissionPolicy v1
     for doc in load_yaml_documents(path):
         if _is_core(doc):
-            _validate(kv, doc, MIN_KUBERNETES_ADMISSION if admission else MIN_KUBERNETES,
+            validate_object(kv, doc, MIN_KUBERNETES_ADMISSION if admission else MIN_KUBERNETES,
                       _label(path))
 
 
 def test_the_schema_validation_rejects_a_broken_daemonset():
-    kv = _kubernetes_validate()
+    kv = kubernetes_validate()
     ds = find(base_objects(), "DaemonSet", "gpu-monitor")
     ds["spec"]["template"]["spec"]["hostPid"] = True  # misspelt: hostPID
     with pytest.raises(kv.ValidationError):
@@ -169,10 +150,10 @@ def test_kustomize_renders_the_base_into_valid_objects():
     config_map = find(rendered, "ConfigMap", generated)
     assert config_map["data"]["config.yaml"] == (DEPLOY / "config.yaml").read_text(), (
         "the DaemonSet reads /etc/gpu-monitor/config.yaml: the key must be config.yaml")
-    kv = _kubernetes_validate()
+    kv = kubernetes_validate()
     for doc in rendered:
         if _is_core(doc):
-            _validate(kv, doc, MIN_KUBERNETES, "kubectl kustomize daemonset/")
+            validate_object(kv, doc, MIN_KUBERNETES, "kubectl kustomize daemonset/")
 
 
 def test_kustomize_renders_every_component_together(tmp_path):
@@ -180,7 +161,7 @@ def test_kustomize_renders_every_component_together(tmp_path):
     kinds = {d["kind"] for d in rendered}
     assert {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} <= kinds
     assert not {"ServiceMonitor", "PrometheusRule"} & kinds, "no-prometheus-operator kept them"
-    kv = _kubernetes_validate()
+    kv = kubernetes_validate()
     for doc in rendered:
         if _is_core(doc):
-            _validate(kv, doc, MIN_KUBERNETES_ADMISSION, "base + every component")
+            validate_object(kv, doc, MIN_KUBERNETES_ADMISSION, "base + every component")

@@ -142,7 +142,7 @@ def test_the_active_check_job_reserves_the_node_through_the_scheduler():
     assert job["spec"]["backoffLimit"] == 0
     rules = job["spec"]["podFailurePolicy"]["rules"]
     assert rules[0]["action"] == "FailJob"
-    assert rules[0]["onPodConditions"] == [{"type": "DisruptionTarget"}]
+    assert rules[0]["onPodConditions"] == [{"type": "DisruptionTarget", "status": "True"}]
     pod_spec = job["spec"]["template"]["spec"]
     assert pod_spec["priorityClassName"] == "gpu-monitor-idle-check"
     assert "nodeName" not in pod_spec  # through the scheduler: taints, capacity, preemption

@@ -67,7 +67,7 @@ def test_the_job_template_is_an_indexed_low_priority_probe():
     spec = job["spec"]
     assert spec["completionMode"] == "Indexed" and spec["backoffLimit"] == 0
     assert spec["podFailurePolicy"]["rules"] == [
-        {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget"}]}]
+        {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]
     pod = spec["template"]["spec"]
     assert pod["priorityClassName"] == PRIORITY_CLASS and pod["restartPolicy"] == "Never"
     svc = one("Service", pod["subdomain"])
