@@ -39,6 +39,10 @@ CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityCla
                   "CustomResourceDefinition", "ValidatingAdmissionPolicy",
                   "ValidatingAdmissionPolicyBinding"}
 COMPONENT_NAMES = sorted(component_dirs())
+#: The order an overlay lists them in: no-prometheus-operator last, so that it also drops the
+#: ServiceMonitor of the fabric component (a component sees only what came before it).
+COMPONENT_ORDER = sorted(COMPONENT_NAMES, key=lambda c: c.endswith("no-prometheus-operator"))
+JOB_NAMESPACE = "gpu-monitor-jobs"  # daemonset/fabric/namespace.yaml
 
 
 def _is_core(doc: dict) -> bool:
@@ -90,12 +94,21 @@ def test_the_schema_validation_rejects_a_broken_daemonset():
 
 
 def test_namespaced_objects_live_in_the_gpu_monitor_namespace():
+    """All but the fabric scheduler's Job namespace and what its Jobs use there."""
     for doc in objects(BASE_FILES + COMPONENT_FILES):
         ns = doc["metadata"].get("namespace")
         if doc["kind"] in CLUSTER_SCOPED:
             assert ns is None, f"{doc['kind']}/{doc['metadata']['name']} is cluster-scoped"
         else:
-            assert ns == NAMESPACE, f"{doc['kind']}/{doc['metadata']['name']} namespace {ns!r}"
+            assert ns in (NAMESPACE, JOB_NAMESPACE), (
+                f"{doc['kind']}/{doc['metadata']['name']} namespace {ns!r}")
+    in_jobs = {(d["kind"], d["metadata"]["name"]) for d in objects(COMPONENT_FILES)
+               if d["metadata"].get("namespace") == JOB_NAMESPACE}
+    assert in_jobs == {("ServiceAccount", "gpu-monitor-fabric-probe"),
+                       ("ServiceAccount", "gpu-monitor-idle-check"),
+                       ("Service", "gpu-monitor-fabric"),
+                       ("Role", "gpu-monitor-fabric-scheduler"),
+                       ("RoleBinding", "gpu-monitor-fabric-scheduler")}
 
 
 def test_the_kustomization_lists_every_manifest_and_only_existing_files():
@@ -157,7 +170,7 @@ def test_kustomize_renders_the_base_into_valid_objects():
 
 
 def test_kustomize_renders_every_component_together(tmp_path):
-    rendered = render(overlay(tmp_path, COMPONENT_NAMES))
+    rendered = render(overlay(tmp_path, COMPONENT_ORDER))
     kinds = {d["kind"] for d in rendered}
     assert {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} <= kinds
     assert not {"ServiceMonitor", "PrometheusRule"} & kinds, "no-prometheus-operator kept them"

@@ -37,7 +37,7 @@ def test_fabric_scheduler_once_launches_a_probe(fake_api, kube, capsys):
                          "--idle-for-s", "0", "--rdma-resource", "rdma/ib=8",
                          "--image", "registry.example/gpu-monitor:9"])
     assert args.func(args) == 0
-    (job,) = fake_api.list("batch", "jobs", "gpu-monitor")
+    (job,) = fake_api.list("batch", "jobs", "gpu-monitor-jobs")
     c = job["spec"]["template"]["spec"]["containers"][0]
     assert c["image"] == "registry.example/gpu-monitor:9"
     assert c["resources"]["limits"]["rdma/ib"] == "8"
@@ -80,6 +80,27 @@ def test_probe_pods_run_the_schedulers_own_image(fake_api, kube, monkeypatch):
     args = parser(lambda a: kube).parse_args(["fabric-scheduler", "--once", "--job-template",
                                               str(TEMPLATE), "--idle-for-s", "0"])
     assert args.func(args) == 0
-    (job,) = fake_api.list("batch", "jobs", "gpu-monitor")
+    (job,) = fake_api.list("batch", "jobs", "gpu-monitor-jobs")
     assert job["spec"]["template"]["spec"]["containers"][0]["image"] == \
         "registry.example.com/gpu-monitor:0.1.0"
+
+
+def test_fabric_scheduler_logs_json_lines_as_the_daemon_does(fake_api, kube, capsys):
+    """One logging set-up for daemon and scheduler (gpu_monitor/logs.py): --log-format json
+    makes every record one JSON object on stderr."""
+    import logging
+
+    args = parser(lambda a: kube).parse_args(
+        ["fabric-scheduler", "--once", "--job-template", str(TEMPLATE), "--log-format", "json"])
+    try:
+        assert args.func(args) == 0
+        capsys.readouterr()
+        logging.getLogger("gpu_monitor.fabric.test").warning("probe %s", "x", extra={"node": "n1"})
+        line = capsys.readouterr().err.strip().splitlines()[-1]
+        record = json.loads(line)
+        assert record["level"] == "warning" and record["msg"] == "probe x"
+        assert record["logger"] == "gpu_monitor.fabric.test" and record["node"] == "n1"
+    finally:
+        from gpu_monitor import logs
+
+        logs.setup("text", "warning")
