@@ -92,8 +92,10 @@ class SchedulerSettings:
             extra = set(getattr(self, key)) - {"requests", "limits"}
             if extra:
                 problems.append(f"{key}: only requests and limits, not {sorted(extra)}")
-        if self.stall_after_s <= self.interval_s:
-            problems.append("stall_after_s must be longer than interval_s")
+        if self.stall_after_s <= self.lease_duration_s:
+            # The loop turns at least every retry_period_s; a stall shorter than the lease
+            # would restart a replica before the other could even take over.
+            problems.append("stall_after_s must be longer than lease_duration_s")
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -7,6 +7,8 @@ import argparse
 import json
 from pathlib import Path
 
+import pytest
+
 from gpu_monitor.fabric import cli
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "daemonset" / "fabric" / "job-template.yaml"
@@ -104,3 +106,29 @@ def test_fabric_scheduler_logs_json_lines_as_the_daemon_does(fake_api, kube, cap
         from gpu_monitor import logs
 
         logs.setup("text", "warning")
+
+
+@pytest.mark.parametrize("argv,why", [
+    (["--namespace", "gm", "--job-namespace", "gm"], "job_namespace must differ"),
+    (["--settings", "STALL"], "stall_after_s must be longer"),
+])
+def test_fabric_scheduler_refuses_settings_it_could_not_honour(argv, why, capsys, tmp_path):
+    stall = tmp_path / "stall.yaml"
+    stall.write_text("stall_after_s: 10\n")  # shorter than the 15 s lease
+    argv = [str(stall) if a == "STALL" else a for a in argv]
+    args = parser().parse_args(["fabric-scheduler", "--once", *argv])
+    assert args.func(args) == 2
+    assert why in capsys.readouterr().err
+
+
+def test_the_resource_settings_take_only_requests_and_limits(tmp_path):
+    from gpu_monitor.fabric.scheduler_command import settings_from_args
+
+    f = tmp_path / "s.yaml"
+    f.write_text("probe_resources: {request: {cpu: 1}}\n")
+    with pytest.raises(ValueError, match="only requests and limits"):
+        settings_from_args(parser().parse_args(["fabric-scheduler", "--settings", str(f)]))
+    f.write_text("probe_resources: {requests: {cpu: 2, memory: 4Gi}}\njob_namespace: probes\n")
+    s = settings_from_args(parser().parse_args(["fabric-scheduler", "--settings", str(f)]))
+    assert s.probe_resources == {"requests": {"cpu": "2", "memory": "4Gi"}}
+    assert s.job_namespace == "probes" and s.namespace == "gpu-monitor"
