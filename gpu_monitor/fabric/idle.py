@@ -37,6 +37,13 @@ from datetime import datetime
 from typing import Any
 
 from gpu_monitor.fabric import termination
+from gpu_monitor.fabric.job_parts import (
+    ACTIVE_CHECK_RESOURCES,
+    ACTIVE_CHECK_SHM,
+    ensure_shm,
+    standard_labels,
+    with_cpu_memory,
+)
 from gpu_monitor.hw.paths import DEFAULT_REPORT_DIR
 from gpu_monitor.kube.client import Kube
 from gpu_monitor.kube.config import load_api_client
@@ -323,10 +330,15 @@ def label_value(text: str) -> str:
 
 @dataclass(frozen=True)
 class ActiveCheckSpec:
-    """How the single-node active-check Job looks (the scheduler's settings fill it)."""
+    """How the single-node active-check Job looks (the scheduler's settings fill it).
+
+    ``namespace`` is where the Job runs (the scheduler's Job namespace, apart from the
+    daemon's); ``report_namespace`` is where ``--deliver crd`` files its GPUHealthReport (the
+    one the daemons watch)."""
 
     image: str = "ghcr.io/gpu-monitor/gpu-monitor:latest"
-    namespace: str = "gpu-monitor"
+    namespace: str = "gpu-monitor-jobs"
+    report_namespace: str = "gpu-monitor"
     checks: tuple[str, ...] = DEFAULT_CHECKS
     priority_class: str = PRIORITY_CLASS
     service_account: str = "gpu-monitor-idle-check"
@@ -338,6 +350,10 @@ class ActiveCheckSpec:
     active_deadline_s: int = 3600
     ttl_after_finished_s: int = 3600
     profile: str | None = None
+    resources: Mapping[str, Mapping[str, str]] = field(
+        default_factory=lambda: dict(ACTIVE_CHECK_RESOURCES))
+    shm_size: str = ACTIVE_CHECK_SHM
+    instance: str = "gpu-monitor"
 
 
 def build_active_check_job(node: str, gpus: int, spec: ActiveCheckSpec, *, probe_id: str,
@@ -345,9 +361,9 @@ def build_active_check_job(node: str, gpus: int, spec: ActiveCheckSpec, *, probe
     """A batch/v1 Job that runs the active checks on ``node`` in one low-priority pod
     requesting all ``gpus`` of it; it goes through the scheduler (node affinity, not
     ``nodeName``), so taints, capacity and preemption apply as to any pod."""
-    labels = {LABEL_NAME: "gpu-monitor", LABEL_COMPONENT: COMPONENT_IDLE_CHECK,
-              LABEL_MANAGED_BY: MANAGER, LABEL_PROBE_ID: probe_id,
-              LABEL_PROBE_KIND: "active-check", PREFIX + "node": label_value(node)}
+    labels = {**standard_labels(COMPONENT_IDLE_CHECK, MANAGER, spec.instance),
+              LABEL_PROBE_ID: probe_id, LABEL_PROBE_KIND: "active-check",
+              PREFIX + "node": label_value(node)}
     command = ["gpu-monitor", "idle-check", "--checks", ",".join(spec.checks),
                "--deliver", spec.deliver, "--termination-log", "/dev/termination-log"]
     if spec.profile:
@@ -360,7 +376,7 @@ def build_active_check_job(node: str, gpus: int, spec: ActiveCheckSpec, *, probe
                                                         "type": "DirectoryOrCreate"}})
         mounts.append({"name": "reports", "mountPath": spec.report_dir})
     elif spec.deliver == "crd":
-        command += ["--namespace", spec.namespace]
+        command += ["--namespace", spec.report_namespace]
     gpu = {spec.resource: str(gpus)}
     container: dict[str, Any] = {
         "name": "active-checks",
@@ -369,10 +385,32 @@ def build_active_check_job(node: str, gpus: int, spec: ActiveCheckSpec, *, probe
         "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
                 {"name": "POD_NAME",
                  "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
-        "resources": {"requests": dict(gpu), "limits": dict(gpu)},
+        "resources": with_cpu_memory({"requests": dict(gpu), "limits": dict(gpu)},
+                                     spec.resources),
         "terminationMessagePolicy": "File",
+        # No capability: the checks need none (IPC_LOCK would be inert for a non-root user
+        # anyway). Root only to write the host's root-owned drop directory.
+        "securityContext": {"allowPrivilegeEscalation": False,
+                            "capabilities": {"drop": ["ALL"]},
+                            **({"runAsUser": 0} if spec.deliver == "drop-dir" else {})},
         "volumeMounts": mounts,
     }
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "priorityClassName": spec.priority_class,
+        "serviceAccountName": spec.service_account,
+        # The API token only where the pod files a GPUHealthReport itself.
+        "automountServiceAccountToken": spec.deliver == "crd",
+        "terminationGracePeriodSeconds": 30,
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                                      {"nodeSelectorTerms": [{"matchExpressions": [
+                                          {"key": HOSTNAME_LABEL, "operator": "In",
+                                           "values": [node]}]}]}}},
+        "tolerations": [dict(t) for t in spec.tolerations],
+        "containers": [container],
+        "volumes": volumes,
+    }
+    ensure_shm(pod_spec, container, spec.shm_size)  # nccl_allreduce runs NCCL
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -385,24 +423,10 @@ def build_active_check_job(node: str, gpus: int, spec: ActiveCheckSpec, *, probe
             "activeDeadlineSeconds": spec.active_deadline_s,
             "ttlSecondsAfterFinished": spec.ttl_after_finished_s,
             # Preempted or evicted: the check is abandoned, never retried on the same GPUs.
+            # ``status`` is required by API servers before 1.35 (defaulted to True after).
             "podFailurePolicy": {"rules": [{"action": "FailJob", "onPodConditions": [
-                {"type": "DisruptionTarget"}]}]},
-            "template": {
-                "metadata": {"labels": dict(labels)},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "priorityClassName": spec.priority_class,
-                    "serviceAccountName": spec.service_account,
-                    "terminationGracePeriodSeconds": 30,
-                    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
-                                                  {"nodeSelectorTerms": [{"matchExpressions": [
-                                                      {"key": HOSTNAME_LABEL, "operator": "In",
-                                                       "values": [node]}]}]}}},
-                    "tolerations": [dict(t) for t in spec.tolerations],
-                    "containers": [container],
-                    "volumes": volumes,
-                },
-            },
+                {"type": "DisruptionTarget", "status": "True"}]}]},
+            "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},
         },
     }
 

@@ -1,4 +1,10 @@
-"""The fabric scheduler's own ``/metrics`` (leader, probes, busbw per group and node pair)."""
+"""The fabric scheduler's own HTTP endpoint: ``/metrics`` (leader, probes, busbw per group and
+node pair), ``/healthz`` and ``/readyz`` for the kubelet's probes, on one port (9426).
+
+The metrics are prometheus_client's own WSGI application (OpenMetrics and gzip negotiated as
+for any exporter); the two health paths answer 200 or 503 with the reason in the body
+(``FabricScheduler.health`` / ``readiness``), as the daemon's exporter does on 9425.
+"""
 
 from __future__ import annotations
 
@@ -114,11 +120,50 @@ class FabricCollector:
         yield g
 
 
+HEALTH_PATHS = ("/healthz", "/readyz")
+
+
+def make_app(scheduler: FabricScheduler, registry: Any) -> Any:
+    """The WSGI application: the two health paths, everything else prometheus_client's."""
+    from prometheus_client import make_wsgi_app
+
+    metrics_app = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Any) -> Any:
+        path = environ.get("PATH_INFO") or "/"
+        if path not in HEALTH_PATHS:
+            return metrics_app(environ, start_response)
+        ok, why = scheduler.health() if path == "/healthz" else scheduler.readiness()
+        body = f"{why}\n".encode()
+        start_response("200 OK" if ok else "503 Service Unavailable",
+                       [("Content-Type", "text/plain; charset=utf-8"),
+                        ("Content-Length", str(len(body)))])
+        return [body]
+
+    return app
+
+
 def serve_metrics(scheduler: FabricScheduler, listen: str) -> Any:
-    """Serve the collector on ``listen`` (``host:port``); returns (server, thread)."""
-    from prometheus_client import CollectorRegistry, start_http_server
+    """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on ``listen`` (``host:port``) from a
+    daemon thread; returns (server, thread)."""
+    import threading
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    from prometheus_client import CollectorRegistry
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+
+    class QuietHandler(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            """Scrapes and probes every few seconds are not worth a log line each."""
 
     host, _, port = listen.rpartition(":")
     registry = CollectorRegistry(auto_describe=False)
     registry.register(FabricCollector(scheduler))  # type: ignore[arg-type]
-    return start_http_server(int(port), addr=host or "0.0.0.0", registry=registry)
+    server = make_server(host or "0.0.0.0", int(port), make_app(scheduler, registry), Server,
+                         handler_class=QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, name="fabric-http", daemon=True)
+    thread.start()
+    return server, thread

@@ -19,15 +19,13 @@ from gpu_monitor.fabric.idle import (
     ANNOTATION_NODES,
     COMPONENT_PROBE,
     HOSTNAME_LABEL,
-    LABEL_COMPONENT,
-    LABEL_MANAGED_BY,
-    LABEL_NAME,
     LABEL_PROBE_ID,
     LABEL_PROBE_KIND,
     MANAGER,
     NodeFacts,
     parse_active_summary,
 )
+from gpu_monitor.fabric.job_parts import ensure_shm, standard_labels, with_cpu_memory
 from gpu_monitor.fabric.probe_result import parse_summary
 from gpu_monitor.fabric.scheduler_settings import SchedulerSettings
 
@@ -110,12 +108,15 @@ def render_probe_job(template: Mapping[str, Any], *, probe_id: str, kind: str,
                      settings: SchedulerSettings) -> dict[str, Any]:
     """The Indexed Job for one probe: ``len(nodes)`` pods, one per node (node affinity to the
     set, anti-affinity between the pods), each requesting ``gpus_per_node`` GPUs and the RDMA
-    resources, at the idle-check priority; rank 0's pod is the torchrun master."""
+    resources, at the idle-check priority; rank 0's pod is the torchrun master. It runs in the
+    Job namespace (``settings.job_namespace``), never the daemon's; the cpu/memory requests
+    the template leaves out come from ``settings.probe_resources``, and a memory-backed
+    ``/dev/shm`` is added where the template has none."""
     job = copy.deepcopy(dict(template))
     name = f"gpu-monitor-fabric-{probe_id}"
-    ns = settings.namespace
-    labels = {LABEL_NAME: "gpu-monitor", LABEL_COMPONENT: COMPONENT_PROBE,
-              LABEL_MANAGED_BY: MANAGER, LABEL_PROBE_ID: probe_id, LABEL_PROBE_KIND: kind}
+    ns = settings.job_namespace
+    labels = {**standard_labels(COMPONENT_PROBE, MANAGER, settings.instance),
+              LABEL_PROBE_ID: probe_id, LABEL_PROBE_KIND: kind}
     meta = job.setdefault("metadata", {})
     meta.pop("generateName", None)
     meta["name"], meta["namespace"] = name, ns
@@ -151,10 +152,12 @@ def render_probe_job(template: Mapping[str, Any], *, probe_id: str, kind: str,
                     "MASTER_ADDR": master, "GPU_MONITOR_FABRIC_GROUP": group})
     if settings.probe_args:
         main["args"] = list(main.get("args") or []) + list(settings.probe_args)
-    res = main.setdefault("resources", {})
+    res = with_cpu_memory(main.get("resources"), settings.probe_resources)
     want = {settings.gpu_resource: str(gpus_per_node), **dict(settings.rdma_resources)}
     res["requests"] = {**(res.get("requests") or {}), **want}
     res["limits"] = {**(res.get("limits") or {}), **want}
+    main["resources"] = res
+    ensure_shm(pspec, main)
     return job
 
 

@@ -84,19 +84,35 @@ log = logging.getLogger(__name__)
 REPORT_REASON = "FabricProbeFailed"
 REPORT_SOURCE = "gpu-monitor fabric-scheduler"
 
-#: Every (apiGroup, resource, verbs) the scheduler uses; daemonset/fabric/rbac.yaml grants
-#: exactly these (tests/fabric hold the manifests to it). Cluster-wide it only reads: nodes
-#: (candidates, topology labels) and pods (which nodes run GPU workloads; its own probe pods
-#: are watched with the same grant). In its namespace: its Jobs, Lease, record and reports.
-RBAC_CLUSTER: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("", "nodes", ("get", "list", "watch")),
-    ("", "pods", ("get", "list", "watch")),
+#: Every (apiGroup, resource, verbs, resourceNames) the scheduler uses;
+#: daemonset/fabric/rbac.yaml grants exactly these (tests/fabric hold the manifests to it).
+#: Cluster-wide it only reads: nodes (candidates, topology labels) and pods (which nodes run
+#: GPU workloads; its own probe pods are watched with the same grant).
+RBAC_CLUSTER: tuple[tuple[str, str, tuple[str, ...], tuple[str, ...]], ...] = (
+    ("", "nodes", ("get", "list", "watch"), ()),
+    ("", "pods", ("get", "list", "watch"), ()),
 )
-RBAC_NAMESPACED: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("batch", "jobs", ("get", "list", "watch", "create", "delete")),
-    ("coordination.k8s.io", "leases", ("get", "create", "update")),
-    ("", "configmaps", ("get", "create", "update")),
-    ("gpu-monitor.io", "gpuhealthreports", ("create",)),
+
+
+def rbac_namespaced(settings: SchedulerSettings) -> tuple[
+        tuple[str, str, tuple[str, ...], tuple[str, ...]], ...]:
+    """In its own namespace: its Lease and its record ConfigMap by name (never the breaker or
+    the daemon's configuration), the GPUHealthReports it files. ``create`` cannot be limited to
+    a name by Kubernetes RBAC (the name is not known at authorization time), so it is granted
+    apart; creating an object of another name gives no power over the existing ones."""
+    return (
+        ("coordination.k8s.io", "leases", ("get", "update"), (settings.lease_name,)),
+        ("coordination.k8s.io", "leases", ("create",), ()),
+        ("", "configmaps", ("get", "update"), (settings.state_configmap,)),
+        ("", "configmaps", ("create",), ()),
+        ("gpu-monitor.io", "gpuhealthreports", ("create",), ()),
+    )
+
+
+#: In the Job namespace (``job_namespace``), which holds nothing but the probe and idle-check
+#: Jobs and their two token-less ServiceAccounts: the Jobs.
+RBAC_JOBS: tuple[tuple[str, str, tuple[str, ...], tuple[str, ...]], ...] = (
+    ("batch", "jobs", ("get", "list", "watch", "create", "delete"), ()),
 )
 
 
@@ -138,6 +154,26 @@ class FabricScheduler:
         self.last_tick_error: str | None = None
         self._facts: dict[str, NodeFacts] = {}
         self._release_on_stop = True
+        self.heartbeat: float | None = None  # monotonic time the loop last turned
+
+    def health(self) -> tuple[bool, str]:
+        """Liveness: the loop has turned within ``stall_after_s`` (or has not started yet)."""
+        if self.heartbeat is None:
+            return True, "starting"
+        stalled = self.clock.monotonic() - self.heartbeat
+        if stalled > self.settings.stall_after_s:
+            return False, f"the scheduler loop has not turned for {stalled:.0f} s"
+        return True, "leader" if self.is_leader else "standby"
+
+    def readiness(self) -> tuple[bool, str]:
+        """Readiness: the loop runs (a standby is ready too: it is the failover) and, on the
+        leader, the first round is done."""
+        if self.heartbeat is None:
+            return False, "the scheduler loop has not started"
+        alive, why = self.health()
+        if alive and self.is_leader and not self._loaded:
+            return False, "leading, the first round not done yet"
+        return alive, why
 
     # --- leadership and the loop ---------------------------------------------------------------
 
@@ -156,7 +192,7 @@ class FabricScheduler:
         last_tick = -math.inf
         try:
             while not stop.is_set():
-                now = self.clock.monotonic()
+                now = self.heartbeat = self.clock.monotonic()
                 if self.elector is not None and now >= next_renew:
                     self.elector.try_acquire_or_renew()
                     next_renew = now + s.retry_period_s
@@ -228,7 +264,7 @@ class FabricScheduler:
         selector = f"{LABEL_MANAGED_BY}={MANAGER}"
         for kind in ("jobs", "pods"):
             t = threading.Thread(target=self.api.watch, name=f"fabric-watch-{kind}",
-                                 args=(kind, self.settings.namespace, selector, stop,
+                                 args=(kind, self.settings.job_namespace, selector, stop,
                                        self._wake.set), daemon=True)
             t.start()
             self._watch_threads.append(t)
@@ -330,7 +366,7 @@ class FabricScheduler:
         job = render_probe_job(self.template, probe_id=probe_id, kind=kind, nodes=nodes,
                                group=group, gpus_per_node=gpus, settings=self.settings)
         try:
-            self.api.create_job(self.settings.namespace, job)
+            self.api.create_job(self.settings.job_namespace, job)
         except KubeError as err:
             log.warning("cannot create the probe Job for %s: %s", group, err)
             return None
@@ -347,9 +383,13 @@ class FabricScheduler:
             "spec", {}).get("containers") or [{}])[0].get("image")
         spec = ActiveCheckSpec(image=s.active_check_image or s.image or template_image
                                or ActiveCheckSpec.image,
-                               namespace=s.namespace, checks=tuple(s.active_check_list),
+                               namespace=s.job_namespace,
+                               report_namespace=s.report_namespace,
+                               checks=tuple(s.active_check_list),
                                priority_class=s.priority_class, resource=s.gpu_resource,
-                               deliver=s.active_check_deliver)
+                               deliver=s.active_check_deliver,
+                               resources=s.active_check_resources,
+                               shm_size=s.active_check_shm_size, instance=s.instance)
         for name in sorted(free):
             running = sum(1 for p in self.in_flight.values() if p.kind == "active-check")
             if running >= s.max_concurrent_active_checks:
@@ -361,7 +401,7 @@ class FabricScheduler:
             probe_id = uuid.uuid4().hex[:10]
             job = build_active_check_job(name, facts[name].gpus, spec, probe_id=probe_id)
             try:
-                self.api.create_job(s.namespace, job)
+                self.api.create_job(s.job_namespace, job)
             except KubeError as err:
                 log.warning("cannot create the active-check Job for %s: %s", name, err)
                 continue
@@ -373,9 +413,9 @@ class FabricScheduler:
 
     def _reconcile(self, p: InFlight, now: datetime, mono: float) -> None:
         s = self.settings
-        jobs = self.api.list_jobs(s.namespace, f"{LABEL_PROBE_ID}={p.probe_id}")
+        jobs = self.api.list_jobs(s.job_namespace, f"{LABEL_PROBE_ID}={p.probe_id}")
         job = jobs[0] if jobs else None
-        pods = self.api.list_pods(s.namespace, f"{LABEL_PROBE_ID}={p.probe_id}")
+        pods = self.api.list_pods(s.job_namespace, f"{LABEL_PROBE_ID}={p.probe_id}")
         state = probe_state(job, pods, len(p.nodes), mono - p.started,
                             schedule_timeout_s=s.schedule_timeout_s,
                             probe_timeout_s=s.probe_timeout_s, kind=p.kind,
@@ -388,7 +428,7 @@ class FabricScheduler:
         log.info("%s probe %s on %s: %s (%s)", p.kind, p.job_name, ", ".join(p.nodes),
                  state.outcome, state.why)
         if state.outcome in (ABANDONED, UNKNOWN) and job is not None:
-            self.api.delete_job(s.namespace, p.job_name)  # free the other nodes' GPUs now
+            self.api.delete_job(s.job_namespace, p.job_name)  # free the other nodes' GPUs now
         if p.kind == "active-check":
             self._finish_active_check(p, state, now)
             return
@@ -500,7 +540,8 @@ class FabricScheduler:
     def _adopt_jobs(self) -> None:
         """Jobs a previous leader launched: watch them to the end (their verdicts count)."""
         mono = self.clock.monotonic()
-        for job in self.api.list_jobs(self.settings.namespace, f"{LABEL_MANAGED_BY}={MANAGER}"):
+        for job in self.api.list_jobs(self.settings.job_namespace,
+                                      f"{LABEL_MANAGED_BY}={MANAGER}"):
             p = adopted_probe(job, mono)
             if p is None or p.probe_id in self.in_flight:
                 continue

@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from gpu_monitor import logs
 from gpu_monitor.fabric.api import FabricApi
 from gpu_monitor.fabric.metrics import serve_metrics
 from gpu_monitor.fabric.plan import load_template
@@ -42,14 +43,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", help="kubeconfig context")
     p.add_argument("--settings", metavar="FILE",
                    help="YAML mapping of scheduler settings (docs/fabric.md); flags override")
-    p.add_argument("--namespace", default=None, help="namespace of the Jobs, Lease, record "
-                                                     "(default gpu-monitor)")
+    p.add_argument("--namespace", default=None, help="the scheduler's namespace: its Lease, "
+                                                     "record (default gpu-monitor)")
+    p.add_argument("--job-namespace", default=None,
+                   help="namespace of the probe and idle-check Jobs, not the daemon's "
+                        "(default gpu-monitor-jobs)")
     p.add_argument("--identity", default=None, help="lease identity (default pod name + id)")
     p.add_argument("--job-template", default=None, metavar="FILE",
                    help=f"probe Job template (default {DEFAULT_TEMPLATE})")
     p.add_argument("--image", default=None, help="image for probe pods (overrides the template)")
     p.add_argument("--listen", default="0.0.0.0:9426", metavar="HOST:PORT",
-                   help="/metrics endpoint (empty: none)")
+                   help="/metrics, /healthz and /readyz endpoint (empty: none)")
     p.add_argument("--interval-s", type=float, default=None, help="seconds between rounds")
     p.add_argument("--idle-for-s", type=float, default=None,
                    help="how long a node must be idle before it is borrowed")
@@ -67,6 +71,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--once", action="store_true",
                    help="one round without leader election (debugging), then exit")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    p.add_argument("--log-format", choices=("text", "json"), default="text",
+                   help="json: one JSON object a line, as the daemon's --log-format json")
 
 
 def settings_from_args(args: argparse.Namespace) -> SchedulerSettings:
@@ -78,7 +84,8 @@ def settings_from_args(args: argparse.Namespace) -> SchedulerSettings:
             raise ValueError(f"{args.settings}: not a mapping")
         base = settings_from_mapping(data)
     flags: dict[str, Any] = {
-        "namespace": args.namespace, "identity": args.identity,
+        "namespace": args.namespace, "job_namespace": args.job_namespace,
+        "identity": args.identity,
         "job_template": args.job_template, "image": args.image,
         "interval_s": args.interval_s, "idle_for_s": args.idle_for_s,
         "probe_interval_s": args.probe_interval_s, "group_size": args.group_size,
@@ -118,8 +125,7 @@ def own_image(api: FabricApi, environ: Mapping[str, str] | None = None) -> str |
 
 
 def cmd_fabric_scheduler(args: argparse.Namespace, api_factory: ApiFactory | None = None) -> int:
-    logging.basicConfig(level=getattr(logging, args.log_level.upper()),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.setup(args.log_format, args.log_level)
     try:
         settings = settings_from_args(args)
         template = load_template(settings.job_template)

@@ -19,6 +19,7 @@ from gpu_monitor.fabric.idle import (
     GPU_RESOURCE,
     PRIORITY_CLASS,
 )
+from gpu_monitor.fabric.job_parts import ACTIVE_CHECK_RESOURCES, ACTIVE_CHECK_SHM, PROBE_RESOURCES
 
 DEFAULT_TOPOLOGY_LABELS = ("topology.kubernetes.io/rack", "nvidia.com/rail",
                            "network.topology.kubernetes.io/block")
@@ -29,7 +30,9 @@ DEFAULT_TEMPLATE = "/etc/gpu-monitor/fabric/job-template.yaml"
 class SchedulerSettings:
     """Everything the scheduler is told (flags, or a YAML mapping with these keys)."""
 
-    namespace: str = "gpu-monitor"
+    namespace: str = "gpu-monitor"  # the scheduler's own: its Lease and record
+    job_namespace: str = "gpu-monitor-jobs"  # the probe and idle-check Jobs (docs/fabric.md)
+    instance: str = "gpu-monitor"  # app.kubernetes.io/instance of the Jobs
     identity: str = ""
     lease_name: str = "gpu-monitor-fabric-scheduler"
     lease_duration_s: float = 15.0
@@ -63,6 +66,12 @@ class SchedulerSettings:
     active_check_deliver: str = "drop-dir"
     max_concurrent_active_checks: int = 4
     active_check_image: str | None = None
+    probe_resources: Mapping[str, Mapping[str, str]] = field(
+        default_factory=lambda: dict(PROBE_RESOURCES))
+    active_check_resources: Mapping[str, Mapping[str, str]] = field(
+        default_factory=lambda: dict(ACTIVE_CHECK_RESOURCES))
+    active_check_shm_size: str = ACTIVE_CHECK_SHM
+    stall_after_s: float = 300.0  # /healthz fails when the loop has not turned for this long
 
     def validate(self) -> SchedulerSettings:
         problems = []
@@ -76,6 +85,17 @@ class SchedulerSettings:
             problems.append("retry_period_s and interval_s must be positive")
         if self.active_check_deliver not in ("drop-dir", "crd", "none"):
             problems.append("active_check_deliver must be drop-dir, crd or none")
+        if self.job_namespace == self.namespace:
+            problems.append("job_namespace must differ from namespace: Jobs in the scheduler's "
+                            "(and daemon's) namespace could run with its ServiceAccounts")
+        for key in ("probe_resources", "active_check_resources"):
+            extra = set(getattr(self, key)) - {"requests", "limits"}
+            if extra:
+                problems.append(f"{key}: only requests and limits, not {sorted(extra)}")
+        if self.stall_after_s <= self.lease_duration_s:
+            # The loop turns at least every retry_period_s; a stall shorter than the lease
+            # would restart a replica before the other could even take over.
+            problems.append("stall_after_s must be longer than lease_duration_s")
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -94,6 +114,9 @@ def settings_from_mapping(data: Mapping[str, Any], base: SchedulerSettings | Non
             value = tuple(value or ())
         elif key == "rdma_resources":
             value = {str(k): str(v) for k, v in (value or {}).items()}
+        elif key in ("probe_resources", "active_check_resources"):
+            value = {str(sec): {str(k): str(v) for k, v in (vals or {}).items()}
+                     for sec, vals in (value or {}).items()}
         values[key] = value
     return replace(base or SchedulerSettings(), **values).validate()
 

@@ -129,6 +129,35 @@ def flag_values(args: list[str]) -> dict[str, str]:
     return out
 
 
+# --- the Kubernetes schemas ----------------------------------------------------------------------
+
+
+def kubernetes_validate() -> Any:
+    """The ``kubernetes_validate`` module (the OpenAPI schemas of each Kubernetes release), or
+    the test is skipped where it is not installed."""
+    return pytest.importorskip(
+        "kubernetes_validate",
+        reason="kubernetes-validate is not installed (pip install kubernetes-validate; it is "
+               "in the test extra): manifests are not checked against the Kubernetes schemas")
+
+
+def schema_versions(kv: Any, minimum: str) -> list[str]:
+    """``minimum`` and the newest schema the installed kubernetes-validate knows."""
+    return sorted({minimum, kv.latest_version()}, key=lambda v: tuple(map(int, v.split("."))))
+
+
+def validate_object(kv: Any, doc: dict[str, Any], minimum: str, where: str) -> None:
+    """Fail the test unless ``doc`` is valid (strict: an unknown field is an error) for every
+    version of ``schema_versions``; the message names the version and the field."""
+    for version in schema_versions(kv, minimum):
+        try:
+            kv.validate(doc, version, strict=True)
+        except kv.ValidationError as exc:
+            path = "/".join(str(p) for p in exc.path)
+            pytest.fail(f"{where}: {doc['kind']}/{doc['metadata']['name']} is invalid for "
+                        f"Kubernetes {version} at {path or '.'}: {exc.message}")
+
+
 # --- kustomize ----------------------------------------------------------------------------------
 
 

@@ -23,46 +23,31 @@ from tests.deploy.deploy_helpers import (
     base_objects,
     component_dirs,
     find,
+    kubernetes_validate,
     load_yaml_documents,
     manifest_files,
     objects,
     overlay,
     render,
+    validate_object,
 )
 
 #: Kinds served by the Kubernetes API itself (validated); everything else is a custom resource.
-CORE_API_GROUPS = ("v1", "apps/", "rbac.authorization.k8s.io/", "scheduling.k8s.io/",
+CORE_API_GROUPS = ("v1", "apps/", "batch/", "rbac.authorization.k8s.io/", "scheduling.k8s.io/",
                    "apiextensions.k8s.io/", "admissionregistration.k8s.io/")
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass",
                   "CustomResourceDefinition", "ValidatingAdmissionPolicy",
                   "ValidatingAdmissionPolicyBinding"}
 COMPONENT_NAMES = sorted(component_dirs())
-
-
-def _kubernetes_validate():
-    return pytest.importorskip(
-        "kubernetes_validate",
-        reason="kubernetes-validate is not installed (pip install kubernetes-validate; it is "
-               "in the test extra): manifests are not checked against the Kubernetes schemas")
+#: The order an overlay lists them in: no-prometheus-operator last, so that it also drops the
+#: ServiceMonitor of the fabric component (a component sees only what came before it).
+COMPONENT_ORDER = sorted(COMPONENT_NAMES, key=lambda c: c.endswith("no-prometheus-operator"))
+JOB_NAMESPACE = "gpu-monitor-jobs"  # daemonset/fabric/namespace.yaml
 
 
 def _is_core(doc: dict) -> bool:
     api = doc["apiVersion"]
     return api == "v1" or api.startswith(CORE_API_GROUPS[1:])
-
-
-def _versions(kv, minimum: str) -> list[str]:
-    return sorted({minimum, kv.latest_version()}, key=lambda v: tuple(map(int, v.split("."))))
-
-
-def _validate(kv, doc: dict, minimum: str, where: str) -> None:
-    for version in _versions(kv, minimum):
-        try:
-            kv.validate(doc, version, strict=True)
-        except kv.ValidationError as exc:
-            path = "/".join(str(p) for p in exc.path)
-            pytest.fail(f"{where}: {doc['kind']}/{doc['metadata']['name']} is invalid for "
-                        f"Kubernetes {version} at {path or '.'}: {exc.message}")
 
 
 def _label(path: Path) -> str:
@@ -84,24 +69,24 @@ def test_every_manifest_file_parses_into_named_objects(path):
 
 @pytest.mark.parametrize("path", BASE_FILES, ids=_label)
 def test_core_manifests_validate_against_the_kubernetes_schemas(path):
-    kv = _kubernetes_validate()
+    kv = kubernetes_validate()
     for doc in load_yaml_documents(path):
         if _is_core(doc):
-            _validate(kv, doc, MIN_KUBERNETES, _label(path))
+            validate_object(kv, doc, MIN_KUBERNETES, _label(path))
 
 
 @pytest.mark.parametrize("path", COMPONENT_FILES, ids=_label)
 def test_component_manifests_validate_against_the_kubernetes_schemas(path):
-    kv = _kubernetes_validate()
+    kv = kubernetes_validate()
     admission = "own-node-admission" in path.parts  # needs ValidatingAdmissionPolicy v1
     for doc in load_yaml_documents(path):
         if _is_core(doc):
-            _validate(kv, doc, MIN_KUBERNETES_ADMISSION if admission else MIN_KUBERNETES,
+            validate_object(kv, doc, MIN_KUBERNETES_ADMISSION if admission else MIN_KUBERNETES,
                       _label(path))
 
 
 def test_the_schema_validation_rejects_a_broken_daemonset():
-    kv = _kubernetes_validate()
+    kv = kubernetes_validate()
     ds = find(base_objects(), "DaemonSet", "gpu-monitor")
     ds["spec"]["template"]["spec"]["hostPid"] = True  # misspelt: hostPID
     with pytest.raises(kv.ValidationError):
@@ -109,12 +94,21 @@ def test_the_schema_validation_rejects_a_broken_daemonset():
 
 
 def test_namespaced_objects_live_in_the_gpu_monitor_namespace():
+    """All but the fabric scheduler's Job namespace and what its Jobs use there."""
     for doc in objects(BASE_FILES + COMPONENT_FILES):
         ns = doc["metadata"].get("namespace")
         if doc["kind"] in CLUSTER_SCOPED:
             assert ns is None, f"{doc['kind']}/{doc['metadata']['name']} is cluster-scoped"
         else:
-            assert ns == NAMESPACE, f"{doc['kind']}/{doc['metadata']['name']} namespace {ns!r}"
+            assert ns in (NAMESPACE, JOB_NAMESPACE), (
+                f"{doc['kind']}/{doc['metadata']['name']} namespace {ns!r}")
+    in_jobs = {(d["kind"], d["metadata"]["name"]) for d in objects(COMPONENT_FILES)
+               if d["metadata"].get("namespace") == JOB_NAMESPACE}
+    assert in_jobs == {("ServiceAccount", "gpu-monitor-fabric-probe"),
+                       ("ServiceAccount", "gpu-monitor-idle-check"),
+                       ("Service", "gpu-monitor-fabric"),
+                       ("Role", "gpu-monitor-fabric-scheduler"),
+                       ("RoleBinding", "gpu-monitor-fabric-scheduler")}
 
 
 def test_the_kustomization_lists_every_manifest_and_only_existing_files():
@@ -169,18 +163,18 @@ def test_kustomize_renders_the_base_into_valid_objects():
     config_map = find(rendered, "ConfigMap", generated)
     assert config_map["data"]["config.yaml"] == (DEPLOY / "config.yaml").read_text(), (
         "the DaemonSet reads /etc/gpu-monitor/config.yaml: the key must be config.yaml")
-    kv = _kubernetes_validate()
+    kv = kubernetes_validate()
     for doc in rendered:
         if _is_core(doc):
-            _validate(kv, doc, MIN_KUBERNETES, "kubectl kustomize daemonset/")
+            validate_object(kv, doc, MIN_KUBERNETES, "kubectl kustomize daemonset/")
 
 
 def test_kustomize_renders_every_component_together(tmp_path):
-    rendered = render(overlay(tmp_path, COMPONENT_NAMES))
+    rendered = render(overlay(tmp_path, COMPONENT_ORDER))
     kinds = {d["kind"] for d in rendered}
     assert {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} <= kinds
     assert not {"ServiceMonitor", "PrometheusRule"} & kinds, "no-prometheus-operator kept them"
-    kv = _kubernetes_validate()
+    kv = kubernetes_validate()
     for doc in rendered:
         if _is_core(doc):
-            _validate(kv, doc, MIN_KUBERNETES_ADMISSION, "base + every component")
+            validate_object(kv, doc, MIN_KUBERNETES_ADMISSION, "base + every component")

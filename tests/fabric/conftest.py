@@ -14,12 +14,14 @@ from tests.kube.fake_apiserver import FakeApiServer
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 TEMPLATE = REPO / "daemonset" / "fabric" / "job-template.yaml"
+JOB_NAMESPACE = "gpu-monitor-jobs"  # the scheduler's Jobs, apart from the daemon's namespace
 
 
 @pytest.fixture
 def fake_api() -> Iterator[FakeApiServer]:
     server = FakeApiServer().start()
     server.add_namespace("gpu-monitor")
+    server.add_namespace(JOB_NAMESPACE)
     try:
         yield server
     finally:

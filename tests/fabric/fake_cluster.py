@@ -57,7 +57,7 @@ def probe_summary(nodes: list[str], healthy: bool, *, group: str = "g",
 
 
 class ProbeController:
-    def __init__(self, server: Any, *, namespace: str = "gpu-monitor", run_s: float = 0.05,
+    def __init__(self, server: Any, *, namespace: str = "gpu-monitor-jobs", run_s: float = 0.05,
                  tick_s: float = 0.01):
         self.server = server
         self.namespace = namespace

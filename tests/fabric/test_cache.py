@@ -99,14 +99,14 @@ def test_the_running_scheduler_lists_once_and_still_sees_a_workload_arrive(
         for _ in range(10):
             sched.tick()
         assert not pod_lists(fake_api)  # ten rounds, no pod list
-        assert not fake_api.list("batch", "jobs", "gpu-monitor")  # n0 busy: only 2 idle
+        assert not fake_api.list("batch", "jobs", "gpu-monitor-jobs")  # n0 busy: only 2 idle
         from kubernetes import client
 
         client.CoreV1Api(fabric_api.kube.api_client).delete_namespaced_pod(
             "trainer", "ml", grace_period_seconds=0)
         eventually(lambda: not sched.caches["pods"].items())
         sched.tick()
-        assert len(fake_api.list("batch", "jobs", "gpu-monitor")) == 1  # all three idle now
+        assert len(fake_api.list("batch", "jobs", "gpu-monitor-jobs")) == 1  # all three idle now
     finally:
         sched.stop_caches()
 

@@ -7,6 +7,8 @@ import argparse
 import json
 from pathlib import Path
 
+import pytest
+
 from gpu_monitor.fabric import cli
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "daemonset" / "fabric" / "job-template.yaml"
@@ -37,7 +39,7 @@ def test_fabric_scheduler_once_launches_a_probe(fake_api, kube, capsys):
                          "--idle-for-s", "0", "--rdma-resource", "rdma/ib=8",
                          "--image", "registry.example/gpu-monitor:9"])
     assert args.func(args) == 0
-    (job,) = fake_api.list("batch", "jobs", "gpu-monitor")
+    (job,) = fake_api.list("batch", "jobs", "gpu-monitor-jobs")
     c = job["spec"]["template"]["spec"]["containers"][0]
     assert c["image"] == "registry.example/gpu-monitor:9"
     assert c["resources"]["limits"]["rdma/ib"] == "8"
@@ -80,6 +82,53 @@ def test_probe_pods_run_the_schedulers_own_image(fake_api, kube, monkeypatch):
     args = parser(lambda a: kube).parse_args(["fabric-scheduler", "--once", "--job-template",
                                               str(TEMPLATE), "--idle-for-s", "0"])
     assert args.func(args) == 0
-    (job,) = fake_api.list("batch", "jobs", "gpu-monitor")
+    (job,) = fake_api.list("batch", "jobs", "gpu-monitor-jobs")
     assert job["spec"]["template"]["spec"]["containers"][0]["image"] == \
         "registry.example.com/gpu-monitor:0.1.0"
+
+
+def test_fabric_scheduler_logs_json_lines_as_the_daemon_does(fake_api, kube, capsys):
+    """One logging set-up for daemon and scheduler (gpu_monitor/logs.py): --log-format json
+    makes every record one JSON object on stderr."""
+    import logging
+
+    args = parser(lambda a: kube).parse_args(
+        ["fabric-scheduler", "--once", "--job-template", str(TEMPLATE), "--log-format", "json"])
+    try:
+        assert args.func(args) == 0
+        capsys.readouterr()
+        logging.getLogger("gpu_monitor.fabric.test").warning("probe %s", "x", extra={"node": "n1"})
+        line = capsys.readouterr().err.strip().splitlines()[-1]
+        record = json.loads(line)
+        assert record["level"] == "warning" and record["msg"] == "probe x"
+        assert record["logger"] == "gpu_monitor.fabric.test" and record["node"] == "n1"
+    finally:
+        from gpu_monitor import logs
+
+        logs.setup("text", "warning")
+
+
+@pytest.mark.parametrize("argv,why", [
+    (["--namespace", "gm", "--job-namespace", "gm"], "job_namespace must differ"),
+    (["--settings", "STALL"], "stall_after_s must be longer"),
+])
+def test_fabric_scheduler_refuses_settings_it_could_not_honour(argv, why, capsys, tmp_path):
+    stall = tmp_path / "stall.yaml"
+    stall.write_text("stall_after_s: 10\n")  # shorter than the 15 s lease
+    argv = [str(stall) if a == "STALL" else a for a in argv]
+    args = parser().parse_args(["fabric-scheduler", "--once", *argv])
+    assert args.func(args) == 2
+    assert why in capsys.readouterr().err
+
+
+def test_the_resource_settings_take_only_requests_and_limits(tmp_path):
+    from gpu_monitor.fabric.scheduler_command import settings_from_args
+
+    f = tmp_path / "s.yaml"
+    f.write_text("probe_resources: {request: {cpu: 1}}\n")
+    with pytest.raises(ValueError, match="only requests and limits"):
+        settings_from_args(parser().parse_args(["fabric-scheduler", "--settings", str(f)]))
+    f.write_text("probe_resources: {requests: {cpu: 2, memory: 4Gi}}\njob_namespace: probes\n")
+    s = settings_from_args(parser().parse_args(["fabric-scheduler", "--settings", str(f)]))
+    assert s.probe_resources == {"requests": {"cpu": "2", "memory": "4Gi"}}
+    assert s.job_namespace == "probes" and s.namespace == "gpu-monitor"

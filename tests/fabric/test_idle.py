@@ -142,7 +142,7 @@ def test_the_active_check_job_reserves_the_node_through_the_scheduler():
     assert job["spec"]["backoffLimit"] == 0
     rules = job["spec"]["podFailurePolicy"]["rules"]
     assert rules[0]["action"] == "FailJob"
-    assert rules[0]["onPodConditions"] == [{"type": "DisruptionTarget"}]
+    assert rules[0]["onPodConditions"] == [{"type": "DisruptionTarget", "status": "True"}]
     pod_spec = job["spec"]["template"]["spec"]
     assert pod_spec["priorityClassName"] == "gpu-monitor-idle-check"
     assert "nodeName" not in pod_spec  # through the scheduler: taints, capacity, preemption
@@ -151,13 +151,55 @@ def test_the_active_check_job_reserves_the_node_through_the_scheduler():
     assert expr == {"key": "kubernetes.io/hostname", "operator": "In",
                     "values": ["gpu-node-17.example"]}
     c = pod_spec["containers"][0]
-    assert c["resources"]["requests"] == c["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+    assert c["resources"]["requests"]["nvidia.com/gpu"] == "8"
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "8"
     assert c["command"][:4] == ["gpu-monitor", "idle-check", "--checks", ",".join(DEFAULT_CHECKS)]
     assert "--drop-dir" in c["command"]
     assert pod_spec["volumes"][0]["hostPath"]["path"] == "/var/lib/gpu-monitor/reports"
     assert c["volumeMounts"][0]["mountPath"] == "/var/lib/gpu-monitor/reports"
     crd = build_active_check_job("n", 4, ActiveCheckSpec(deliver="crd"), probe_id="x" * 10)
-    assert crd["spec"]["template"]["spec"]["volumes"] == []
+    assert [v["name"] for v in crd["spec"]["template"]["spec"]["volumes"]] == ["dshm"]
+
+
+def test_the_active_check_job_is_not_best_effort_and_has_a_memory_backed_shm():
+    spec = ActiveCheckSpec(resources={"requests": {"cpu": "2", "memory": "8Gi"},
+                                      "limits": {"memory": "20Gi"}}, shm_size="4Gi")
+    pod = build_active_check_job("n", 8, spec, probe_id="abcdef0123")["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["resources"]["requests"] == {"nvidia.com/gpu": "8", "cpu": "2", "memory": "8Gi"}
+    assert c["resources"]["limits"] == {"nvidia.com/gpu": "8", "memory": "20Gi"}
+    shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "4Gi"}
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+    default = build_active_check_job("n", 8, ActiveCheckSpec(), probe_id="abcdef0123")
+    requests = default["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
+    assert requests.keys() >= {"cpu", "memory"}
+
+
+@pytest.mark.parametrize("deliver,root,token", [("drop-dir", True, False), ("crd", False, True),
+                                                ("none", False, False)])
+def test_the_active_check_job_adds_no_capability_and_a_token_only_for_crd(deliver, root, token):
+    job = build_active_check_job("n", 8, ActiveCheckSpec(deliver=deliver), probe_id="a" * 10)
+    pod = job["spec"]["template"]["spec"]
+    sc = pod["containers"][0]["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"]} and sc["allowPrivilegeEscalation"] is False
+    assert (sc.get("runAsUser") == 0) is root  # only to write the root-owned drop directory
+    assert pod["automountServiceAccountToken"] is token
+
+
+def test_the_active_check_job_carries_the_standard_labels_and_files_reports_elsewhere():
+    spec = ActiveCheckSpec(namespace="gm-jobs", report_namespace="gm", deliver="crd",
+                           instance="prod")
+    job = build_active_check_job("n", 8, spec, probe_id="abcdef0123")
+    assert job["metadata"]["namespace"] == "gm-jobs"
+    cmd = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert cmd[cmd.index("--namespace") + 1] == "gm"
+    for labels in (job["metadata"]["labels"], job["spec"]["template"]["metadata"]["labels"]):
+        assert labels["app.kubernetes.io/instance"] == "prod"
+        assert labels["app.kubernetes.io/managed-by"] == "gpu-monitor-fabric-scheduler"
+        assert labels["app.kubernetes.io/part-of"] == "gpu-monitor"
+        assert labels["app.kubernetes.io/component"] == "idle-check"
+        assert labels["app.kubernetes.io/version"] and labels["app.kubernetes.io/name"]
 
 
 def test_short_names_are_dns_safe_and_distinct():

@@ -111,7 +111,7 @@ def test_two_schedulers_one_leads_and_the_other_takes_over_after_expiry(
     assert spec["holderIdentity"] == "sched-b" and spec["leaseTransitions"] == 1
     # b inherited the record: the pair was probed recently, no second probe.
     time.sleep(0.5)
-    assert len(fake_api.list("batch", "jobs", "gpu-monitor")) == 1
+    assert len(fake_api.list("batch", "jobs", "gpu-monitor-jobs")) == 1
     assert b.records["x0"]["probe_outcome"] == "pass"
     b.stop()
     tb.join(timeout=5)

@@ -41,7 +41,7 @@ def reports(fake_api):
 
 
 def jobs(fake_api, kind=None):
-    out = fake_api.list("batch", "jobs", "gpu-monitor")
+    out = fake_api.list("batch", "jobs", "gpu-monitor-jobs")
     return [j for j in out if kind is None
             or j["metadata"]["labels"].get("gpu-monitor.io/probe-kind") == kind]
 
@@ -77,12 +77,14 @@ def test_finds_idle_nodes_and_launches_an_indexed_job(fake_api, fabric_api, temp
     anti = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert anti[0]["topologyKey"] == "kubernetes.io/hostname"
     c = pod["containers"][0]
-    assert c["resources"]["requests"] == {"nvidia.com/gpu": "8", "rdma/ib": "1"}
-    assert c["resources"]["limits"] == {"nvidia.com/gpu": "8", "rdma/ib": "1"}
+    probe = SchedulerSettings().probe_resources
+    assert c["resources"]["requests"] == {"nvidia.com/gpu": "8", "rdma/ib": "1",
+                                          **probe["requests"]}
+    assert c["resources"]["limits"] == {"nvidia.com/gpu": "8", "rdma/ib": "1", **probe["limits"]}
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["NNODES"] == "3" and env["GPUS_PER_NODE"] == "8"
     assert env["MASTER_ADDR"] == (f"{job['metadata']['name']}-0.gpu-monitor-fabric."
-                                  "gpu-monitor.svc")
+                                  "gpu-monitor-jobs.svc")
     assert "fabric-probe" in c["args"]
     # The running probe holds its nodes: no second Job for them.
     tick_until(sched, lambda: len(controller.jobs) == 1)
@@ -177,7 +179,7 @@ def test_a_probe_preempted_by_a_workload_is_abandoned_not_failed(fake_api, fabri
     sched.tick()
     (job,) = jobs(fake_api)
     name = job["metadata"]["name"]
-    tick_until(sched, lambda: len([p for p in fake_api.list("", "pods", "gpu-monitor")
+    tick_until(sched, lambda: len([p for p in fake_api.list("", "pods", "gpu-monitor-jobs")
                                    if p["metadata"]["labels"].get("job-name") == name]) == 4)
     fake_api.add_pod("ml", "urgent-training", node="p1", gpus=8)
     tick_until(sched, lambda: sched.counts[("group", "abandoned")] == 1)
@@ -188,12 +190,12 @@ def test_a_probe_preempted_by_a_workload_is_abandoned_not_failed(fake_api, fabri
         assert rec["abandoned_outcome"] == "abandoned"
         assert "last_probe" not in rec  # not a pass, not a fail: still due
     # The Job is deleted so the other nodes' GPUs are free at once.
-    tick_until(sched, lambda: fake_api.get("batch", "jobs", name, "gpu-monitor") is None)
+    tick_until(sched, lambda: fake_api.get("batch", "jobs", name, "gpu-monitor-jobs") is None)
     # Once the old pods are gone (the garbage collector), the next round leaves the busy node
     # out and probes the others again.
     deadline = time.monotonic() + 10
     while any(p["metadata"]["labels"].get("job-name") == name
-              for p in fake_api.list("", "pods", "gpu-monitor")):
+              for p in fake_api.list("", "pods", "gpu-monitor-jobs")):
         assert time.monotonic() < deadline
         time.sleep(0.02)
     controller.verdict = lambda nodes: True
@@ -215,7 +217,8 @@ def test_active_checks_run_on_idle_nodes_and_record_the_outcome(fake_api, fabric
     (job,) = jobs(fake_api, "active-check")
     pod = job["spec"]["template"]["spec"]
     c = pod["containers"][0]
-    assert c["resources"]["limits"] == {"nvidia.com/gpu": "4"}
+    assert c["resources"]["limits"] == {"nvidia.com/gpu": "4",
+                                        **SchedulerSettings().active_check_resources["limits"]}
     assert c["command"][:4] == ["gpu-monitor", "idle-check", "--checks", "burn_in,nccl_allreduce"]
     assert pod["priorityClassName"] == "gpu-monitor-idle-check"
     tick_until(sched, lambda: sched.counts[("active-check", "pass")] == 1)
