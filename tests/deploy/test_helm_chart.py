@@ -113,7 +113,8 @@ def test_the_packaged_chart_holds_the_files_not_the_link(tmp_path):
         names = {f["name"] for f in packaged.files}
         manifests = packaged.render({}, name="gpu-monitor", namespace="gpu-monitor")
     assert "files/daemonset/prometheusrule.yaml" in names
-    rendered = [d for text in manifests.values() for d in yaml.safe_load_all(text) if d]
+    rendered = [d for path, text in manifests.items() if path.endswith(".yaml")
+                for d in yaml.safe_load_all(text) if d]
     assert find(rendered, "PrometheusRule", "gpu-monitor")["spec"]["groups"]
 
 
@@ -264,3 +265,35 @@ def test_the_crd_is_kept_on_uninstall_unless_asked():
     crd = find(helm_render({"crds": {"keep": False}}), "CustomResourceDefinition")
     assert "helm.sh/resource-policy" not in crd["metadata"].get("annotations", {})
     assert not find_all(helm_render({"crds": {"enabled": False}}), "CustomResourceDefinition")
+
+
+@pytest.mark.parametrize("values", [
+    {"fabric": {"enable": True}},                 # misspelt: enabled
+    {"image": {"digest": "abc123"}},              # not sha256:<64 hex>
+    {"remediation": {"dryRun": "false"}},         # a string, not a boolean
+    {"journalKmsg": {"file": "kern.log"}},        # not an absolute host path
+    {"serviceMonitor": {"enabled": True, "labels": {"release": "x"}}},  # additionalLabels
+])
+def test_the_values_schema_refuses_a_mistake(values):
+    h = helm()
+    with h.Chart.load(CHART) as chart, pytest.raises(h.HelmError):
+        chart.render(values, name="gpu-monitor", namespace="gpu-monitor")
+
+
+def test_the_values_schema_describes_exactly_the_values():
+    import json
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def same_keys(schema_node, value_node, path):
+        props = schema_node.get("properties")
+        if props is None or not isinstance(value_node, dict) or \
+                schema_node.get("additionalProperties") is not False:
+            return
+        assert set(props) - {"global"} == set(value_node), path
+        for key, sub in props.items():
+            if key in value_node:
+                same_keys(sub, value_node[key], f"{path}.{key}")
+
+    same_keys(schema, values, "values")
