@@ -297,3 +297,25 @@ def test_the_values_schema_describes_exactly_the_values():
                 same_keys(sub, value_node[key], f"{path}.{key}")
 
     same_keys(schema, values, "values")
+
+
+#: Values whose keys are Kubernetes' or the daemon's own (documented there, not one by one).
+PASSTHROUGH = frozenset({"config", "resources", "nodeSelector", "affinity", "podLabels",
+                         "podAnnotations", "commonLabels", "commonAnnotations",
+                         "updateStrategy"})
+
+
+def test_the_install_docs_list_every_value():
+    from tests.deploy.deploy_helpers import DOCS
+
+    text = (DOCS / "install.md").read_text(encoding="utf-8")
+    section = text.split("## Install with Helm", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|")]
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    for key, value in values.items():
+        mine = [r for r in rows if f"`{key}" in r]
+        assert mine, f"docs/install.md#install-with-helm: no row for the value {key}"
+        if isinstance(value, dict) and key not in PASSTHROUGH:
+            for sub in value:
+                assert any(sub in r for r in mine), (
+                    f"docs/install.md#install-with-helm: the row of {key} does not name {sub}")
