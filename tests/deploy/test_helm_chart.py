@@ -319,3 +319,24 @@ def test_the_install_docs_list_every_value():
             for sub in value:
                 assert any(sub in r for r in mine), (
                     f"docs/install.md#install-with-helm: the row of {key} does not name {sub}")
+
+
+def test_a_kustomize_file_keeps_its_own_namespaces_and_helm_owns_the_standard_labels(tmp_path):
+    import shutil
+
+    chart = tmp_path / "gpu-monitor"
+    shutil.copytree(CHART, chart)  # the link becomes the files it points to
+    accounts = chart / "files" / "daemonset" / "fabric" / "serviceaccount.yaml"
+    text = accounts.read_text()
+    text = text.replace("  name: gpu-monitor-fabric-probe\n  namespace: gpu-monitor\n",
+                        "  name: gpu-monitor-fabric-probe\n  namespace: gpu-monitor-jobs\n")
+    text = text.replace("    app.kubernetes.io/component: fabric-scheduler\n",
+                        "    app.kubernetes.io/component: fabric-scheduler\n"
+                        "    app.kubernetes.io/managed-by: kustomize\n", 1)
+    accounts.write_text(text)
+    docs = helm_render({"fabric": {"enabled": True}}, namespace="gpu-health", chart=chart)
+    probe = find(docs, "ServiceAccount", "gpu-monitor-fabric-probe")
+    assert probe["metadata"]["namespace"] == "gpu-monitor-jobs"
+    scheduler = find(docs, "ServiceAccount", "gpu-monitor-fabric-scheduler")
+    assert scheduler["metadata"]["namespace"] == "gpu-health"
+    assert scheduler["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"

@@ -19,17 +19,18 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 
 {{/*
 An object's metadata: name, namespace (when "namespaced"), its own labels ("labels": what the
-kustomize base gives it) with app.kubernetes.io/part-of, Helm's labels and commonLabels, and
-commonAnnotations with its own ("annotations").
+kustomize base gives it) over commonLabels and app.kubernetes.io/part-of, Helm's labels over
+all (a managed-by or version the kustomize files spell is Helm's here), and commonAnnotations
+with its own ("annotations"). "namespace" names the namespace (default: the release's).
   include "gpu-monitor.metadata" (dict "ctx" $ "name" "gpu-monitor" "namespaced" true "labels" (dict ...))
 */}}
 {{- define "gpu-monitor.metadata" -}}
 {{- $ctx := .ctx -}}
 name: {{ .name }}
 {{- if .namespaced }}
-namespace: {{ include "gpu-monitor.namespace" $ctx }}
+namespace: {{ .namespace | default (include "gpu-monitor.namespace" $ctx) }}
 {{- end }}
-{{- $labels := mergeOverwrite (dict) (deepCopy $ctx.Values.commonLabels) (include "gpu-monitor.helmLabels" $ctx | fromYaml) (dict "app.kubernetes.io/part-of" "gpu-monitor") (.labels | default dict) }}
+{{- $labels := mergeOverwrite (dict) (deepCopy $ctx.Values.commonLabels) (dict "app.kubernetes.io/part-of" "gpu-monitor") (deepCopy (.labels | default dict)) (include "gpu-monitor.helmLabels" $ctx | fromYaml) }}
 labels:
   {{- toYaml $labels | nindent 2 }}
 {{- $annotations := mergeOverwrite (dict) (deepCopy $ctx.Values.commonAnnotations) (.annotations | default dict) }}
@@ -45,7 +46,7 @@ podLabels (no part-of: the kustomize base sets it on objects, not on pod templat
 */}}
 {{- define "gpu-monitor.podLabels" -}}
 {{- $ctx := .ctx -}}
-{{- $labels := mergeOverwrite (dict) (deepCopy $ctx.Values.commonLabels) (deepCopy $ctx.Values.podLabels) (include "gpu-monitor.helmLabels" $ctx | fromYaml) .labels }}
+{{- $labels := mergeOverwrite (dict) (deepCopy $ctx.Values.commonLabels) (deepCopy $ctx.Values.podLabels) (deepCopy .labels) (include "gpu-monitor.helmLabels" $ctx | fromYaml) }}
 {{- toYaml $labels }}
 {{- end }}
 
@@ -101,7 +102,9 @@ merged over it.
 The objects of a manifest of the kustomize base (files/daemonset links to daemonset/), as the
 kustomize base renders them for this release: namespaced objects (those the file gives a
 namespace) in this release's namespace, ServiceAccount subjects of bindings too (as kustomize's
-namespace transformer does), the labels of gpu-monitor.metadata added. One source: objects no
+namespace transformer does), the labels of gpu-monitor.metadata added. Only the base's
+namespace (gpu-monitor) is this release's: an object or subject a file puts in a namespace of
+its own stays there. One source: objects no
 value changes are not written twice. Parameters: "ctx", "file", optional "labels",
 "annotations" (added to every object), "name" (the object's name instead of the file's; for
 one-object files) and "replace" (a list: old, new; a textual substitution
@@ -111,6 +114,7 @@ in the file first, for a namespace spelt inside a string).
 {{- define "gpu-monitor.fileObjects" -}}
 {{- $ctx := .ctx -}}
 {{- $namespace := include "gpu-monitor.namespace" $ctx -}}
+{{- $baseNamespace := "gpu-monitor" -}}
 {{- $text := $ctx.Files.Get .file -}}
 {{- if not $text }}{{ fail (printf "%s is missing or empty (files/daemonset must link to daemonset/)" .file) }}{{ end -}}
 {{- with .replace }}{{ $text = replace (index . 0) (index . 1) $text }}{{ end -}}
@@ -122,10 +126,11 @@ in the file first, for a namespace spelt inside a string).
 {{- $meta := $object.metadata }}
 {{- $labels := mergeOverwrite (deepCopy ($meta.labels | default dict)) (deepCopy ($params.labels | default dict)) }}
 {{- $annotations := mergeOverwrite (deepCopy ($meta.annotations | default dict)) (deepCopy ($params.annotations | default dict)) }}
-{{- $rendered := include "gpu-monitor.metadata" (dict "ctx" $ctx "name" ($params.name | default $meta.name) "namespaced" (hasKey $meta "namespace") "labels" $labels "annotations" $annotations) | fromYaml }}
+{{- $own := ternary $namespace $meta.namespace (eq ($meta.namespace | default "") $baseNamespace) }}
+{{- $rendered := include "gpu-monitor.metadata" (dict "ctx" $ctx "name" ($params.name | default $meta.name) "namespaced" (hasKey $meta "namespace") "namespace" $own "labels" $labels "annotations" $annotations) | fromYaml }}
 {{- $_ := set $object "metadata" $rendered }}
 {{- range $subject := $object.subjects | default list }}
-{{- if eq $subject.kind "ServiceAccount" }}{{ $_ := set $subject "namespace" $namespace }}{{ end }}
+{{- if and (eq $subject.kind "ServiceAccount") (eq ($subject.namespace | default "") $baseNamespace) }}{{ $_ := set $subject "namespace" $namespace }}{{ end }}
 {{- end }}
 ---
 {{ toYaml $object }}
