@@ -95,7 +95,9 @@ merged over it.
 {{- $_ := set $remediation.breaker "max_nodes" .Values.remediation.breaker.maxNodes -}}
 {{- if .Values.forceDelete.enabled }}{{ $_ := set $remediation.drain "force_delete" true }}{{ end -}}
 {{- include "gpu-monitor.mergeInto" (list $config .Values.config) -}}
-{{- toYaml $config -}}
+# daemonset/config.yaml with the chart's values applied (values.yaml: remediation, forceDelete,
+# config). Every key: docs/configuration.md.
+{{ toYaml $config -}}
 {{- end }}
 
 {{/*
