@@ -93,11 +93,11 @@ def helm_render(values: Mapping[str, Any] | None = None, *, namespace: str = NAM
     return copy.deepcopy(list(_helm_render(_freeze(values or {}), namespace, str(chart))))
 
 
-def helm_lint(values: Mapping[str, Any] | None = None, *, namespace: str = NAMESPACE,
-              kube_version: str | None = None) -> dict[str, Any]:
-    """``helm lint --strict`` of the chart: {"messages": [{"severity", "path", "error"}], ...}."""
-    return helm().lint(CHART, dict(values or {}), strict=True, namespace=namespace,
-                       kube_version=kube_version)
+def helm_lint(values: Mapping[str, Any] | None = None, *,
+              namespace: str = NAMESPACE) -> dict[str, Any]:
+    """``helm lint --strict`` of the chart: {"messages": [{"severity", "path", "error"}], ...}.
+    (helm-python-sdk 0.2.2's kube_version option changes nothing seen: not used.)"""
+    return helm().lint(CHART, dict(values or {}), strict=True, namespace=namespace)
 
 
 def kustomize_render(tmp_path: Path, components: Iterable[str]) -> list[dict[str, Any]]:
