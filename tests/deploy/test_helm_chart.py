@@ -191,6 +191,21 @@ def test_scheduling_values_reach_the_daemon_pod():
     assert pod["metadata"]["labels"]["cost"] == "gpu"
 
 
+def test_fabric_values_reach_the_scheduler():
+    docs = helm_render({"fabric": {"enabled": True, "replicas": 3, "groupSize": 4,
+                                   "topologyLabels": ["rack"],
+                                   "nodeSelector": {"node-role/cpu": "true"},
+                                   "tolerations": [{"key": "cpu-only", "operator": "Exists"}]}})
+    spec = find(docs, "Deployment")["spec"]
+    assert spec["replicas"] == 3
+    pod = spec["template"]["spec"]
+    assert pod["nodeSelector"] == {"node-role/cpu": "true"}
+    assert pod["tolerations"] == [{"key": "cpu-only", "operator": "Exists"}]
+    args = pod["containers"][0]["args"]
+    assert "--group-size=4" in args
+    assert [a for a in args if a.startswith("--topology-label")] == ["--topology-label=rack"]
+
+
 def test_priority_class_create_false_makes_none():
     kinds = {d["kind"] for d in helm_render({"priorityClass": {"create": False}})}
     assert "PriorityClass" not in kinds
@@ -200,12 +215,15 @@ def test_monitoring_objects_follow_their_values():
     docs = helm_render({"serviceMonitor": {"additionalLabels": {"release": "prom"},
                                            "interval": "15s"},
                         "prometheusRule": {"additionalLabels": {"release": "prom"}},
-                        "dashboard": {"enabled": False}})
+                        "dashboard": {"annotations": {"grafana_folder": "GPU"}}})
     sm = find(docs, "ServiceMonitor")
     assert sm["metadata"]["labels"]["release"] == "prom"
     assert sm["spec"]["endpoints"][0]["interval"] == "15s"
     assert find(docs, "PrometheusRule")["metadata"]["labels"]["release"] == "prom"
-    assert not [d for d in find_all(docs, "ConfigMap")
+    dashboard = find(docs, "ConfigMap", "gpu-monitor-dashboard")["metadata"]
+    assert dashboard["annotations"] == {"grafana_folder": "GPU"}
+    assert dashboard["labels"]["grafana_dashboard"] == "1"
+    assert not [d for d in find_all(helm_render({"dashboard": {"enabled": False}}), "ConfigMap")
                 if d["metadata"]["name"] == "gpu-monitor-dashboard"]
     off = {d["kind"] for d in helm_render({"serviceMonitor": {"enabled": False},
                                            "prometheusRule": {"enabled": False}})}
