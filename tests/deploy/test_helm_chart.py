@@ -26,7 +26,7 @@ from tests.deploy.helm_chart import CHART, COMPONENT_VALUES, helm, helm_lint, he
 from tests.deploy.test_manifests import CLUSTER_SCOPED, _is_core, _kubernetes_validate, _validate
 
 #: Value sets every test of the renderings runs: the defaults, each component, all of them.
-VALUE_SETS = {"defaults": {}, **{c: v for c, v in COMPONENT_VALUES.items()},
+VALUE_SETS = {"defaults": {}, **COMPONENT_VALUES,
               "all": merged({"namespace": {"create": True}}, *COMPONENT_VALUES.values())}
 WARNING = 2  # helm lint severities: 1 info, 2 warning, 3 error
 
