@@ -206,6 +206,20 @@ def test_fabric_values_reach_the_scheduler():
     assert [a for a in args if a.startswith("--topology-label")] == ["--topology-label=rack"]
 
 
+def test_the_probe_job_template_is_the_shipped_one_or_yours():
+    def template_and_checksum(values):
+        docs = helm_render(merged({"fabric": {"enabled": True}}, values))
+        data = find(docs, "ConfigMap", "gpu-monitor-fabric-job-template")["data"]
+        pod = find(docs, "Deployment")["spec"]["template"]
+        return data["job-template.yaml"], pod["metadata"]["annotations"]["checksum/job-template"]
+
+    shipped, checksum = template_and_checksum({})
+    assert shipped == (DEPLOY / "fabric" / "job-template.yaml").read_text()
+    mine = shipped.replace("activeDeadlineSeconds: 1800", "activeDeadlineSeconds: 900")
+    assert template_and_checksum({"fabric": {"jobTemplate": mine}})[0] == mine
+    assert template_and_checksum({"fabric": {"jobTemplate": mine}})[1] != checksum
+
+
 def test_priority_class_create_false_makes_none():
     kinds = {d["kind"] for d in helm_render({"priorityClass": {"create": False}})}
     assert "PriorityClass" not in kinds

@@ -139,3 +139,8 @@ in the file first, for a namespace spelt inside a string).
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/* The fabric probe Job template: fabric.jobTemplate, else daemonset/fabric/job-template.yaml. */}}
+{{- define "gpu-monitor.fabricJobTemplate" -}}
+{{- .Values.fabric.jobTemplate | default (.Files.Get "files/daemonset/fabric/job-template.yaml") -}}
+{{- end }}
