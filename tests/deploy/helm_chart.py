@@ -24,17 +24,20 @@ from tests.deploy.deploy_helpers import DEPLOY, NAMESPACE, REPO, component_dir, 
 CHART = REPO / "charts" / "gpu-monitor"
 RELEASE = "gpu-monitor"
 
-#: The chart's value for each kustomize component (a component with no entry fails
-#: test_every_kustomize_component_has_a_chart_value).
-COMPONENT_VALUES: dict[str, dict[str, Any]] = {
-    "components/own-node-admission": {"ownNodeAdmission": {"enabled": True}},
-    "components/journal-kmsg": {"journalKmsg": {"enabled": True}},
-    "components/force-delete": {"forceDelete": {"enabled": True}},
-    "components/passive-image": {"passiveImage": {"enabled": True}},
-    "components/no-prometheus-operator": {"serviceMonitor": {"enabled": False},
-                                          "prometheusRule": {"enabled": False}},
-    "fabric": {"fabric": {"enabled": True}},
-}
+
+def _component_values() -> dict[str, dict[str, Any]]:
+    """The chart's values for each kustomize component: charts/gpu-monitor/ci/<name>-values.yaml
+    (chart-testing's value sets) for daemonset/components/<name> or daemonset/<name>. A
+    component with no file fails test_every_kustomize_component_has_a_chart_value."""
+    out = {}
+    for path in sorted((CHART / "ci").glob("*-values.yaml")):
+        name = path.name.removesuffix("-values.yaml")
+        key = f"components/{name}" if (DEPLOY / "components" / name).is_dir() else name
+        out[key] = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return out
+
+
+COMPONENT_VALUES: dict[str, dict[str, Any]] = _component_values()
 
 #: Labels Helm charts carry and the kustomize base does not (today; the comparison drops them
 #: on both sides, so the base gaining them changes nothing).

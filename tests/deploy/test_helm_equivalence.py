@@ -53,7 +53,7 @@ def _as_the_chart_renders_it(objects: dict, components: list[str]) -> dict:
 def test_every_kustomize_component_has_a_chart_value():
     assert set(component_dirs()) == set(COMPONENT_VALUES), (
         "a kustomize component without a chart value (or a value for a component that is "
-        "gone): add it to charts/gpu-monitor and to COMPONENT_VALUES in tests/deploy/helm_chart.py")
+        "gone): add the value to charts/gpu-monitor and charts/gpu-monitor/ci/<name>-values.yaml")
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
