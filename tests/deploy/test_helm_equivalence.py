@@ -1,0 +1,83 @@
+"""The Helm chart and the kustomize base make the same objects.
+
+For the base alone, each component alone and every component together, ``helm template`` of
+charts/gpu-monitor (with the component's value) and ``kubectl kustomize`` of an overlay (with
+the component) are compared object by object: the same (kind, name) set, and equal objects
+once Helm's own labels and annotations are dropped, kustomize's ConfigMap name hashes removed
+and the daemon's config.yaml compared as data. The only other differences are listed in
+``_as_the_chart_renders_it``, each with its reason; anything else (a field changed on either
+side) fails with the paths that differ.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.deploy.deploy_helpers import component_dirs
+from tests.deploy.helm_chart import (
+    COMPONENT_VALUES,
+    differences,
+    helm_render,
+    kustomize_render,
+    merged,
+    normalised,
+)
+
+#: The base alone, each component alone, and every component together.
+CASES = {"base": [], **{c: [c] for c in COMPONENT_VALUES}, "all": list(COMPONENT_VALUES)}
+#: The chart makes the Namespace only when asked (Helm's --create-namespace makes its own).
+WITH_NAMESPACE = {"namespace": {"create": True}}
+
+
+def _chart_values(components: list[str]) -> dict:
+    return merged(WITH_NAMESPACE, *(COMPONENT_VALUES[c] for c in components))
+
+
+def _as_the_chart_renders_it(objects: dict, components: list[str]) -> dict:
+    """The kustomize rendering with the chart's deliberate differences applied:
+
+    1. every object carries app.kubernetes.io/part-of: the base's `labels:` transformer labels
+       the base's objects only, not those a component adds (a hole of the kustomize layout);
+    2. forceDelete.enabled also sets remediation.drain.force_delete in the config, which the
+       force-delete component asks the operator to do by hand.
+    """
+    for obj in objects.values():
+        obj["metadata"].setdefault("labels", {}).setdefault("app.kubernetes.io/part-of",
+                                                            "gpu-monitor")
+    if "components/force-delete" in components:
+        config = objects[("ConfigMap", "gpu-monitor-config")]["data"]["config.yaml"]
+        config["remediation"]["drain"]["force_delete"] = True
+    return objects
+
+
+def test_every_kustomize_component_has_a_chart_value():
+    assert set(component_dirs()) == set(COMPONENT_VALUES), (
+        "a kustomize component without a chart value (or a value for a component that is "
+        "gone): add the value to charts/gpu-monitor and charts/gpu-monitor/ci/<name>-values.yaml")
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_chart_renders_what_kustomize_renders(case, tmp_path):
+    components = CASES[case]
+    expected = _as_the_chart_renders_it(normalised(kustomize_render(tmp_path, components)),
+                                        components)
+    rendered = normalised(helm_render(_chart_values(components)))
+    assert sorted(rendered) == sorted(expected), (
+        f"{case}: only kustomize makes {sorted(set(expected) - set(rendered))}, "
+        f"only Helm makes {sorted(set(rendered) - set(expected))}")
+    drift = {key: differences(expected[key], rendered[key]) for key in sorted(expected)}
+    drift = {key: d for key, d in drift.items() if d}
+    assert not drift, f"{case}: the chart and the kustomize base differ:\n" + "\n".join(
+        f"  {kind}/{name}:\n" + "\n".join(f"    {line}" for line in lines)
+        for (kind, name), lines in drift.items())
+
+
+def test_the_comparison_sees_a_changed_field(tmp_path):
+    expected = normalised(kustomize_render(tmp_path, []))
+    rendered = normalised(helm_render({"tolerations": [], **WITH_NAMESPACE}))
+    ds = ("DaemonSet", "gpu-monitor")
+    assert any("tolerations" in d for d in differences(expected[ds], rendered[ds]))
+    rendered = normalised(helm_render({"remediation": {"dryRun": False}, **WITH_NAMESPACE}))
+    cm = ("ConfigMap", "gpu-monitor-config")
+    assert differences(expected[cm], rendered[cm]) == [
+        ".data.config.yaml.remediation.dry_run: kustomize True != Helm False"]
