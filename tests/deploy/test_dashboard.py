@@ -85,7 +85,7 @@ def test_every_query_reads_only_metrics_gpu_monitor_exposes():
 
 def test_every_query_filters_by_the_node_variable_or_is_fleet_wide():
     fleet_wide = {"gpu_monitor_breaker_state", "gpu_monitor_breaker_slots_used",
-                  "gpu_monitor_breaker_slots_total"}
+                  "gpu_monitor_breaker_slots_budget"}
     for title, expr in _queries(_dashboard()):
         if promql_metric_names(expr) <= fleet_wide:
             continue
