@@ -33,7 +33,7 @@ Guarantees:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,11 +113,11 @@ def link_error_samples(results: Sequence[LatestResult], history: MetricsHistory
     sample for a link down, missing or unreadable, nor for a counter that was not read."""
     for r in results:
         links = _links(r)
-        if links is None:
-            continue
+        errors = r.details.get("link_errors")
+        if links is None or not isinstance(errors, Mapping):
+            continue  # a result from before the counters were kept: not read, not 0
         labels, count, down, unknown = links
         unread = {str(lk) for lk in r.details.get("counter_errors") or ()}
-        errors = r.details.get("link_errors") or {}
         for link in range(count):
             if link in down or link in unknown or str(link) in unread:
                 continue

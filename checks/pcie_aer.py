@@ -29,7 +29,8 @@ it is watched, not dropped) → ``unknown`` ``SysfsReadError`` naming the file, 
 counter already fails the function.
 
 Exported, not judged here (the pcie check judges them in a bootstrap): each function's link
-generation and width, current and maximum, from sysfs, and each GPU's NVML PCIe replay counter
+generation and width, current and maximum, from sysfs (``pcie_link``: ``[gen, max gen, width,
+max width]``), and each GPU's NVML PCIe replay counter
 (``replay_counter``; a read that fails leaves it out and says why in ``replay_counter_error``).
 """
 
@@ -54,9 +55,9 @@ KV_NAMESPACE = "pcie_aer"
 UNCORRECTABLE = ("fatal", "nonfatal")
 #: The ``severity`` label of the AER counter, in the kernel's order of gravity.
 SEVERITIES = ("correctable", "nonfatal", "fatal")
-#: The PCIe link readings a result keeps: details key -> PciDevice attribute.
-LINK_DETAILS = {"link_gen": "current_link_gen", "link_gen_max": "max_link_gen",
-                "link_width": "current_link_width", "link_width_max": "max_link_width"}
+#: The PCIe link readings a result keeps, in ``details["pcie_link"]`` order (one short list,
+#: since every result is stored; None where sysfs had no value): PciDevice attributes.
+LINK_READINGS = ("current_link_gen", "max_link_gen", "current_link_width", "max_link_width")
 _NAMES = ("pci_address", "gpu_index", "uuid")
 
 
@@ -70,12 +71,17 @@ def _function_labels(r: LatestResult) -> tuple[str, str, str] | None:
     return address, "" if index is None else str(index), str(r.details.get("uuid") or "")
 
 
-def _function_value(key: str):
+def _function_value(key: str, index: int | None = None):
+    """Samples of each PCI function's ``details[key]`` (its ``index``-th item if given)."""
+
     def samples(results: Sequence[LatestResult], history: MetricsHistory) -> Iterable[Sample]:
         for r in results:
-            labels, value = _function_labels(r), number(r.details.get(key))
-            if labels is not None and value is not None:
-                yield labels, value
+            value = r.details.get(key)
+            if index is not None:
+                value = value[index] if isinstance(value, list) and len(value) > index else None
+            labels, number_ = _function_labels(r), number(value)
+            if labels is not None and number_ is not None:
+                yield labels, number_
 
     samples.__doc__ = f"Each PCI function's ``{key}`` (not read: no sample)."
     return samples
@@ -94,16 +100,16 @@ def aer_samples(results: Sequence[LatestResult], history: MetricsHistory) -> Ite
 
 
 _LABELS = ("pci_bus_id", "gpu", "uuid")
-_LINK_HELP = {
-    "link_gen": "PCIe link generation the function trained at (sysfs current_link_speed).",
-    "link_gen_max": "Highest PCIe generation the function supports (sysfs max_link_speed).",
-    "link_width": "PCIe lanes the function's link trained at (sysfs current_link_width).",
-    "link_width_max": "PCIe lanes the function supports (sysfs max_link_width).",
-}
-_LINK_NAMES = {"link_gen": "gpu_monitor_pcie_link_generation",
-               "link_gen_max": "gpu_monitor_pcie_link_max_generation",
-               "link_width": "gpu_monitor_pcie_link_width",
-               "link_width_max": "gpu_monitor_pcie_link_max_width"}
+#: The link families, in ``LINK_READINGS`` order: (name, help).
+_LINK_FAMILIES = (
+    ("gpu_monitor_pcie_link_generation",
+     "PCIe link generation the function trained at (sysfs current_link_speed)."),
+    ("gpu_monitor_pcie_link_max_generation",
+     "Highest PCIe generation the function supports (sysfs max_link_speed)."),
+    ("gpu_monitor_pcie_link_width",
+     "PCIe lanes the function's link trained at (sysfs current_link_width)."),
+    ("gpu_monitor_pcie_link_max_width", "PCIe lanes the function supports (sysfs max_link_width)."),
+)
 #: gpu/uuid are empty for an NVSwitch or NIC function (one label set per family).
 METRICS = (
     CheckMetric("gpu_monitor_pcie_aer_errors_total", "counter", (*_LABELS, "severity"),
@@ -113,8 +119,9 @@ METRICS = (
     CheckMetric("gpu_monitor_pcie_replays_total", "counter", _LABELS,
                 "PCIe replays of the GPU's link since the driver loaded (NVML replay counter).",
                 details=(*_NAMES, "replay_counter"), samples=_function_value("replay_counter")),
-    *(CheckMetric(_LINK_NAMES[key], "gauge", _LABELS, help_, details=(*_NAMES, key),
-                  samples=_function_value(key)) for key, help_ in _LINK_HELP.items()),
+    *(CheckMetric(name, "gauge", _LABELS, help_, details=(*_NAMES, "pcie_link"),
+                  samples=_function_value("pcie_link", i))
+      for i, (name, help_) in enumerate(_LINK_FAMILIES)),
 )
 
 
@@ -282,9 +289,9 @@ class PcieAer(Check):
             details[f"{k}_total"] = totals[k]
             if _nonzero(counters[k]):
                 details[f"{k}_counters"] = _nonzero(counters[k])
-        for key, attr in LINK_DETAILS.items():
-            if getattr(dev, attr) is not None:
-                details[key] = getattr(dev, attr)
+        link = [getattr(dev, attr) for attr in LINK_READINGS]
+        if any(v is not None for v in link):
+            details["pcie_link"] = link
         if w.kind == "gpu" and isinstance(w.names.get("gpu_index"), int):
             try:
                 details["replay_counter"] = ctx.host.nvml.pcie_replay_counter(w.names["gpu_index"])

@@ -11,9 +11,16 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from checks.ecc_memory import EccMemory
-from checks.nvlink_state import COUNTERS, NvlinkState, link_errors
+from checks.nvlink_state import (
+    COUNTERS,
+    NvlinkState,
+    link_error_samples,
+    link_errors,
+    link_up_samples,
+)
 from checks.pcie_aer import PcieAer
 from checks.throttle import Throttle
+from gpu_monitor.metric_families import LatestResult
 from gpu_monitor.metrics import StoreCollector
 from gpu_monitor.model import RunOutcome
 from tests.checks.rig import CheckRig
@@ -82,6 +89,22 @@ def test_link_errors_keep_only_links_with_a_count_or_a_counter_not_read():
     counters = {0: dict.fromkeys(COUNTERS, 0), 1: {**dict.fromkeys(COUNTERS, 0), "replay": 7},
                 2: {"replay": 0, "recovery": 0, "crc_flit": 0}}
     assert link_errors(counters) == {"1": [7, 0, 0, 0], "2": [0, 0, 0, None]}
+
+
+def _gpu_result(**details) -> LatestResult:
+    base = {"uuid": "GPU-x", "links_found": 3, "links_expected": 3, "down_links": [],
+            "missing_links": [], "unknown_links": []}
+    return LatestResult("nvlink_state", "gpu:0", "ok", "Ok", {**base, **details})
+
+
+def test_an_unsupported_counter_and_a_result_from_before_the_counters_were_kept_have_no_sample():
+    r = _gpu_result(link_errors={"1": [4, 0, 0, None]})
+    got = {tuple(labels[2:]): v for labels, v in link_error_samples([r], None)}
+    assert got[("1", "replay")] == 4.0 and got[("0", "crc_data")] == 0.0
+    assert ("1", "crc_data") not in got and len(got) == 3 * 4 - 1
+    older = _gpu_result()  # no link_errors key: an older daemon's stored result
+    assert list(link_error_samples([older], None)) == []
+    assert len(list(link_up_samples([older], None))) == 3
 
 
 def test_nvlink_state_and_counters_per_link(check_rig):
