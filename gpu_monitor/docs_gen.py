@@ -121,8 +121,10 @@ def _metrics_conventions() -> list[str]:
               f"GPU, 8 RDMA ports, 4 NVSwitches) stays under {SERIES_BOUND_8GPU:,} samples; "
               f"measured: {SERIES_MEASURED_8GPU:,} on the faulty golden scenario with the "
               "remediation families (tests/golden/h100_faulty.prom; "
-              "tests/test_metrics_cardinality.py holds both numbers). Most of it is NVLink: "
-              "8 x 18 links x (1 state + 4 error counters) = 720.\n",
+              "tests/test_metrics_cardinality.py holds both numbers). The largest families: "
+              "NVLink (8 GPUs x 18 links x (1 state + 4 error counters) = 720 at most), "
+              "`gpu_monitor_check_status` (5 per check and target) and "
+              "`gpu_monitor_check_results_total` (one per declared reason of every check).\n",
               "\n## Breaking changes\n\n",
               "Renamed families (the old name is no longer served; update dashboards and "
               "alerts):\n\n"]
