@@ -35,6 +35,12 @@ SECTIONS = {
     "quarantine states": "quarantine state",
     "breaker": "breaker",
     "check durations and last runs": "check duration and last run",
+    "ECC errors": "ecc errors",
+    "row remapping": "row remaps",
+    "NVLink link state": "nvlink links down",
+    "NVLink error counters": "nvlink errors",
+    "PCIe link width and generation": "pcie links trained below",
+    "PCIe AER and replays": "pcie aer errors and replays",
 }
 GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$__interval": "1m", "$__range": "1h",
                      "$node": ".*", "${node}": ".*"}
