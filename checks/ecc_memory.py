@@ -37,6 +37,7 @@ from checks._findings import TargetFindings
 from checks._gpus import enumeration_error, unidentified
 from gpu_monitor.check import Check, ClearTracker, Context, Setting
 from gpu_monitor.hw.nvml import GpuInfo, NvmlError, NvmlErrorKind
+from gpu_monitor.metric_families import CheckMetric, gpu_value, gpu_values
 from gpu_monitor.model import (
     ACTION_SEVERITY,
     Action,
@@ -66,6 +67,48 @@ SETTINGS = {
     "retired_pages_limit": Setting(COUNT, 10, "pages (pre-Ampere); fail when above",
                                    "Meta GCM `gpu_retired_pages`"),
 }
+
+
+#: The ``level`` label of ``gpu_monitor_gpu_row_remap_banks``: NVML's row-remapper histogram
+#: (nvmlDeviceGetRowRemapperHistogram), most spare rows left first.
+REMAP_LEVELS = ("max", "high", "partial", "low", "none")
+
+#: What an operator of dcgm-exporter graphs: its DCGM_FI_DEV_ECC_{SBE,DBE}_{VOL,AGG}_TOTAL,
+#: ROW_REMAP_PENDING / _FAILURE and {UN,}CORRECTABLE_REMAPPED_ROWS, under our names. The ECC
+#: counts are counters as dcgm-exporter's are: NVML only ever raises them, and a volatile count
+#: falling to 0 at a driver reload is a counter reset to rate() and increase(), as a restarted
+#: exporter's would be. A count NVML does not keep (ECC off, unsupported) has no sample.
+METRICS = (
+    CheckMetric("gpu_monitor_gpu_ecc_volatile_errors_total", "counter", ("gpu", "uuid", "type"),
+                "ECC errors since the driver loaded (NVML volatile counters; a driver reload "
+                "resets them), by type: corrected (single-bit), uncorrected (double-bit).",
+                details=("uuid", "volatile_corrected", "volatile_uncorrected"),
+                samples=gpu_values({"corrected": "volatile_corrected",
+                                    "uncorrected": "volatile_uncorrected"})),
+    CheckMetric("gpu_monitor_gpu_ecc_aggregate_errors_total", "counter", ("gpu", "uuid", "type"),
+                "ECC errors over the GPU's life (NVML aggregate counters, kept in the InfoROM "
+                "across reboots), by type: corrected, uncorrected.",
+                details=("uuid", "aggregate_corrected", "aggregate_uncorrected"),
+                samples=gpu_values({"corrected": "aggregate_corrected",
+                                    "uncorrected": "aggregate_uncorrected"})),
+    CheckMetric("gpu_monitor_gpu_row_remap_pending", "gauge", ("gpu", "uuid"),
+                "1 while a row remap is pending (applied at the next GPU reset), else 0.",
+                details=("uuid", "remap_pending"), samples=gpu_value("remap_pending")),
+    CheckMetric("gpu_monitor_gpu_row_remap_failure", "gauge", ("gpu", "uuid"),
+                "1 if a row remap failed (the memory can no longer be repaired), else 0.",
+                details=("uuid", "remap_failure"), samples=gpu_value("remap_failure")),
+    CheckMetric("gpu_monitor_gpu_remapped_rows_total", "counter", ("gpu", "uuid", "type"),
+                "Memory rows remapped over the GPU's life, by the error type that caused the "
+                "remap: corrected, uncorrected.",
+                details=("uuid", "remapped_rows_corrected", "remapped_rows_uncorrected"),
+                samples=gpu_values({"corrected": "remapped_rows_corrected",
+                                    "uncorrected": "remapped_rows_uncorrected"})),
+    CheckMetric("gpu_monitor_gpu_row_remap_banks", "gauge", ("gpu", "uuid", "level"),
+                "Memory banks per row-remapper availability level (spare rows left: max, high, "
+                "partial, low, none; NVML's row-remapper histogram).",
+                details=("uuid", "remap_histogram"),
+                samples=gpu_values({lv: lv for lv in REMAP_LEVELS}, nested="remap_histogram")),
+)
 
 
 @dataclass
@@ -101,6 +144,7 @@ class EccMemory(Check):
     settings_note = ("Pending or failed row remaps and any volatile uncorrectable ECC error fail "
                      "without a setting.")
     condition = "GPUMemoryError"
+    metrics = METRICS
 
     def __init__(self) -> None:
         self._clear = ClearTracker(self.name)

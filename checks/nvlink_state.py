@@ -33,13 +33,21 @@ Guarantees:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from checks._gpus import poll_gpus, read_error, unidentified
 from gpu_monitor.check import Check, ClearTracker, Context, Finding, Setting
 from gpu_monitor.hw.nvml import GpuInfo, NvmlError, NvmlErrorKind
+from gpu_monitor.metric_families import (
+    CheckMetric,
+    LatestResult,
+    MetricsHistory,
+    Sample,
+    gpu_labels,
+    number,
+)
 from gpu_monitor.model import (
     NODE,
     STATUS_SEVERITY,
@@ -53,6 +61,71 @@ from gpu_monitor.model import (
 from gpu_monitor.profiles.schema import POSITIVE, SECONDS
 
 COUNTERS = ("replay", "recovery", "crc_flit", "crc_data")  # ecc_data is corrected: not judged
+
+
+def link_errors(counters: dict[int, dict[str, int]]) -> dict[str, list[int | None]]:
+    """What a GPU result keeps of its links' error counters (``details["link_errors"]``), small
+    because every result is stored: ``COUNTERS`` in order for each link with a non-zero or
+    unsupported (None) counter; a link read and left out had all of them at 0."""
+    out: dict[str, list[int | None]] = {}
+    for link, values in sorted(counters.items()):
+        row = [values.get(n) for n in COUNTERS]
+        if any(v != 0 for v in row):
+            out[str(link)] = row
+    return out
+
+
+#: The details keys that say which links a GPU result read and in what state.
+_LINK_KEYS = ("uuid", "links_found", "links_expected", "down_links", "missing_links",
+              "unknown_links")
+
+
+def _links(r: LatestResult) -> tuple[tuple[str, str], int, set[int], set[int]] | None:
+    """((gpu, uuid), links expected or found, links down or missing, links unreadable) of a GPU
+    result that read its links; None for any other result."""
+    labels = gpu_labels(r)
+    found, expected = r.details.get("links_found"), r.details.get("links_expected")
+    if labels is None or not isinstance(found, int) or not isinstance(expected, int):
+        return None
+    listed = [*(r.details.get("down_links") or ()), *(r.details.get("missing_links") or ())]
+    down = {lk for lk in listed if isinstance(lk, int)}
+    unknown = {lk for lk in r.details.get("unknown_links") or () if isinstance(lk, int)}
+    return labels, max(found, expected), down, unknown
+
+
+def link_up_samples(results: Sequence[LatestResult], history: MetricsHistory
+                    ) -> Iterable[Sample]:
+    """Per GPU and link (every expected one, and any more the GPU reports): 1 up, 0 down or
+    missing; a link whose state could not be read has no sample."""
+    for r in results:
+        links = _links(r)
+        if links is None:
+            continue
+        labels, count, down, unknown = links
+        for link in range(count):
+            if link not in unknown:
+                yield (*labels, str(link)), 0.0 if link in down else 1.0
+
+
+def link_error_samples(results: Sequence[LatestResult], history: MetricsHistory
+                       ) -> Iterable[Sample]:
+    """Per GPU, link and counter type, the NVML error counter (``link_errors``' encoding); no
+    sample for a link down, missing or unreadable, nor for a counter that was not read."""
+    for r in results:
+        links = _links(r)
+        errors = r.details.get("link_errors")
+        if links is None or not isinstance(errors, Mapping):
+            continue  # a result from before the counters were kept: not read, not 0
+        labels, count, down, unknown = links
+        unread = {str(lk) for lk in r.details.get("counter_errors") or ()}
+        for link in range(count):
+            if link in down or link in unknown or str(link) in unread:
+                continue
+            row = errors.get(str(link)) or [0] * len(COUNTERS)
+            for name, value in zip(COUNTERS, row, strict=False):
+                v = number(value)
+                if v is not None:
+                    yield (*labels, str(link), name), v
 
 
 class NvlinkState(Check):
@@ -73,6 +146,17 @@ class NvlinkState(Check):
             "project (Imbue warns at ≥ 5 total; NVLink CRC noise is common)"),
     }
     condition = "GPUFabricError"
+    metrics = (
+        CheckMetric("gpu_monitor_nvlink_link_up", "gauge", ("gpu", "uuid", "link"),
+                    "1 if the NVLink link is up, 0 if it is down or missing (the GPU reports "
+                    "fewer links than its profile expects); no sample if its state is unreadable.",
+                    details=_LINK_KEYS, samples=link_up_samples),
+        CheckMetric("gpu_monitor_nvlink_errors_total", "counter", ("gpu", "uuid", "link", "type"),
+                    "NVLink error counters per link (NVML; a GPU reset or driver reload resets "
+                    "them), by type: replay, recovery, crc_flit, crc_data.",
+                    details=(*_LINK_KEYS, "counter_errors", "link_errors"),
+                    samples=link_error_samples),
+    )
 
     def __init__(self) -> None:
         self._clear = ClearTracker(self.name)
@@ -145,6 +229,7 @@ class NvlinkState(Check):
             "down_links": [lk for lk, s in enumerate(states) if s is False],
             "missing_links": list(range(len(states), expected)),
             "unknown_links": [lk for lk, s in enumerate(states) if s is None],
+            "link_errors": link_errors(read.counters),
             "error_rates_per_min": {str(lk): r for lk, r in rates.items() if any(r.values())},
             "max_error_rate_per_min": max((v for r in rates.values() for v in r.values()),
                                           default=0.0),

@@ -27,18 +27,25 @@ text, a directory), one of the three missing while the others are there (the ker
 them together), or a function whose ``vendor``/``class`` cannot be read (it may be one of ours;
 it is watched, not dropped) → ``unknown`` ``SysfsReadError`` naming the file, unless a readable
 counter already fails the function.
+
+Exported, not judged here (the pcie check judges them in a bootstrap): each function's link
+generation and width, current and maximum, from sysfs (``pcie_link``: ``[gen, max gen, width,
+max width]``), and each GPU's NVML PCIe replay counter
+(``replay_counter``; a read that fails leaves it out and says why in ``replay_counter_error``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 from gpu_monitor.check import Check, ClearTracker, Context, Setting
+from gpu_monitor.hw.nvml import NvmlError
 from gpu_monitor.hw.sysfs_values import AER_ATTRS, NVIDIA_VENDOR, AerCounters, PciDevice
+from gpu_monitor.metric_families import CheckMetric, LatestResult, MetricsHistory, Sample, number
 from gpu_monitor.model import NODE, Action, Kind, Result, Status, canonical_pci, pcie_target
 from gpu_monitor.profiles.schema import POSITIVE, SECONDS, SECONDS0
 
@@ -46,6 +53,76 @@ log = logging.getLogger(__name__)
 
 KV_NAMESPACE = "pcie_aer"
 UNCORRECTABLE = ("fatal", "nonfatal")
+#: The ``severity`` label of the AER counter, in the kernel's order of gravity.
+SEVERITIES = ("correctable", "nonfatal", "fatal")
+#: The PCIe link readings a result keeps, in ``details["pcie_link"]`` order (one short list,
+#: since every result is stored; None where sysfs had no value): PciDevice attributes.
+LINK_READINGS = ("current_link_gen", "max_link_gen", "current_link_width", "max_link_width")
+_NAMES = ("pci_address", "gpu_index", "uuid")
+
+
+def _function_labels(r: LatestResult) -> tuple[str, str, str] | None:
+    """``(pci_bus_id, gpu, uuid)`` of a ``pcie:<address>`` result (gpu and uuid empty for a
+    function that is not a GPU); None for any other target."""
+    address = r.details.get("pci_address")
+    if not r.target.startswith("pcie:") or not isinstance(address, str):
+        return None
+    index = r.details.get("gpu_index")
+    return address, "" if index is None else str(index), str(r.details.get("uuid") or "")
+
+
+def _function_value(key: str, index: int | None = None):
+    """Samples of each PCI function's ``details[key]`` (its ``index``-th item if given)."""
+
+    def samples(results: Sequence[LatestResult], history: MetricsHistory) -> Iterable[Sample]:
+        for r in results:
+            value = r.details.get(key)
+            if index is not None:
+                value = value[index] if isinstance(value, list) and len(value) > index else None
+            labels, number_ = _function_labels(r), number(value)
+            if labels is not None and number_ is not None:
+                yield labels, number_
+
+    samples.__doc__ = f"Each PCI function's ``{key}`` (not read: no sample)."
+    return samples
+
+
+def aer_samples(results: Sequence[LatestResult], history: MetricsHistory) -> Iterable[Sample]:
+    """Each function's AER totals since boot by severity; an unreadable counter has none."""
+    for r in results:
+        labels = _function_labels(r)
+        if labels is None:
+            continue
+        for severity in SEVERITIES:
+            value = number(r.details.get(f"{severity}_total"))
+            if value is not None:
+                yield (*labels, severity), value
+
+
+_LABELS = ("pci_bus_id", "gpu", "uuid")
+#: The link families, in ``LINK_READINGS`` order: (name, help).
+_LINK_FAMILIES = (
+    ("gpu_monitor_pcie_link_generation",
+     "PCIe link generation the function trained at (sysfs current_link_speed)."),
+    ("gpu_monitor_pcie_link_max_generation",
+     "Highest PCIe generation the function supports (sysfs max_link_speed)."),
+    ("gpu_monitor_pcie_link_width",
+     "PCIe lanes the function's link trained at (sysfs current_link_width)."),
+    ("gpu_monitor_pcie_link_max_width", "PCIe lanes the function supports (sysfs max_link_width)."),
+)
+#: gpu/uuid are empty for an NVSwitch or NIC function (one label set per family).
+METRICS = (
+    CheckMetric("gpu_monitor_pcie_aer_errors_total", "counter", (*_LABELS, "severity"),
+                "PCIe AER errors the function reported since boot (sysfs aer_dev_*), by "
+                "severity: correctable, nonfatal, fatal.",
+                details=(*_NAMES, *(f"{s}_total" for s in SEVERITIES)), samples=aer_samples),
+    CheckMetric("gpu_monitor_pcie_replays_total", "counter", _LABELS,
+                "PCIe replays of the GPU's link since the driver loaded (NVML replay counter).",
+                details=(*_NAMES, "replay_counter"), samples=_function_value("replay_counter")),
+    *(CheckMetric(name, "gauge", _LABELS, help_, details=(*_NAMES, "pcie_link"),
+                  samples=_function_value("pcie_link", i))
+      for i, (name, help_) in enumerate(_LINK_FAMILIES)),
+)
 
 
 @dataclass(frozen=True)
@@ -111,6 +188,7 @@ class PcieAer(Check):
             "or failed", "project: devices train and retrain links at boot"),
     }
     condition = "GPUPCIeError"
+    metrics = METRICS
 
     def __init__(self) -> None:
         self._states: dict[str, dict[str, Any]] = {}
@@ -211,6 +289,14 @@ class PcieAer(Check):
             details[f"{k}_total"] = totals[k]
             if _nonzero(counters[k]):
                 details[f"{k}_counters"] = _nonzero(counters[k])
+        link = [getattr(dev, attr) for attr in LINK_READINGS]
+        if any(v is not None for v in link):
+            details["pcie_link"] = link
+        if w.kind == "gpu" and isinstance(w.names.get("gpu_index"), int):
+            try:
+                details["replay_counter"] = ctx.host.nvml.pcie_replay_counter(w.names["gpu_index"])
+            except NvmlError as err:
+                details["replay_counter_error"] = str(err)
         if errors:
             details["read_errors"] = errors
         if all(v is None for v in totals.values()) and not errors:

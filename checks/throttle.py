@@ -51,6 +51,7 @@ from gpu_monitor.metric_families import (
     MetricsHistory,
     Sample,
     gpu_labels,
+    gpu_values,
 )
 from gpu_monitor.model import STATUS_SEVERITY, Action, Kind, Result, Status, gpu_target
 from gpu_monitor.profiles.schema import SECONDS, Num
@@ -148,7 +149,16 @@ class Throttle(Check):
     metrics = (CheckMetric("gpu_monitor_gpu_clock_event_active", "gauge",
                            ("gpu", "uuid", "event"),
                            "1 while the NVML clock event reason is active on the GPU.",
-                           details=("uuid", "active_events"), samples=clock_event_samples),)
+                           details=("uuid", "active_events"), samples=clock_event_samples),
+               CheckMetric("gpu_monitor_gpu_clock_event_active_ratio", "gauge",
+                           ("gpu", "uuid", "event"),
+                           "Fraction of the throttle check's window (window_s, 600 s by default) "
+                           "each HW clock event reason held the GPU's clocks down: what the "
+                           "check judges; time not yet observed counts as not throttled. No sample "
+                           "before the window has any history.",
+                           details=("uuid", "active_fraction"),
+                           samples=gpu_values({e: e for e in FAULT_EVENTS},
+                                              nested="active_fraction")),)
 
     def __init__(self) -> None:
         self._clear = ClearTracker(self.name)

@@ -75,8 +75,8 @@ SCRAPING = (
     "`# EOF`; curl, a browser or a scraper that asks for nothing gets the text format 0.0.4 "
     "(`text/plain; version=0.0.4; charset=utf-8`); the Content-Type says which. The body is "
     "gzipped (level 6, Go's default) when the request carries "
-    "`Accept-Encoding: gzip`, as Prometheus's always does: a faulty 8-GPU node's ~94 KB "
-    "scrape travels as ~7 KB. Both formats carry the same families and samples, byte for byte "
+    "`Accept-Encoding: gzip`, as Prometheus's always does: a faulty 8-GPU node's ~212 KB "
+    "scrape travels as ~13 KB. Both formats carry the same families and samples, byte for byte "
     "what prometheus_client would render (tests/test_exporter_formats.py), in about 0.4x of "
     "the time prometheus_client's own server takes to answer the same scrape "
     "(`bench/bench_exposition.py`); no scrape config needs changing. To look at either by hand: `curl -s localhost:9425/metrics` (text), "
@@ -98,7 +98,38 @@ def metrics_md() -> str:
     for m in [*documented_metrics(), *REMEDIATION_METRICS]:
         lines.append(f"| `{m.name}` | {m.type} | {', '.join(f'`{x}`' for x in m.labels) or '-'}"
                      f" | {m.help} |\n")
+    lines.extend(_metrics_conventions())
     return "".join(lines)
+
+
+def _metrics_conventions() -> list[str]:
+    """docs/metrics.md after the table: the label vocabulary, cardinality, renames."""
+    from gpu_monitor.metric_families import LABELS
+    from gpu_monitor.metrics import RENAMED, SERIES_BOUND_8GPU, SERIES_MEASURED_8GPU
+
+    lines = ["\n## Labels\n\n",
+             "Every family's labels come from one fixed vocabulary, each label meaning the same "
+             "in every family (`gpu_monitor/metric_families.py` `LABELS`; a test holds every "
+             "family to it). A value that could not be read has no sample (never a 0 that "
+             "would read as healthy); `gpu_monitor_breaker_slots_budget` is NaN until known.\n\n",
+             "| label | meaning |\n", "|---|---|\n"]
+    lines += [f"| `{name}` | {meaning} |\n" for name, meaning in LABELS.items()]
+    lines += ["\n## Cardinality\n\n",
+              "Series grow with the node's hardware, never with time: per GPU, per NVLink "
+              "link, per RDMA port, per PCI function, and an Xid series only for a code seen. "
+              f"One scrape of the simulated 8-GPU node (profile `h100-sxm-8`: 18 NVLinks per "
+              f"GPU, 8 RDMA ports, 4 NVSwitches) stays under {SERIES_BOUND_8GPU:,} samples; "
+              f"measured: {SERIES_MEASURED_8GPU:,} on the faulty golden scenario with the "
+              "remediation families (tests/golden/h100_faulty.prom; "
+              "tests/test_metrics_cardinality.py holds both numbers). The largest families: "
+              "NVLink (8 GPUs x 18 links x (1 state + 4 error counters) = 720 at most), "
+              "`gpu_monitor_check_status` (5 per check and target) and "
+              "`gpu_monitor_check_results_total` (one per declared reason of every check).\n",
+              "\n## Breaking changes\n\n",
+              "Renamed families (the old name is no longer served; update dashboards and "
+              "alerts):\n\n"]
+    lines += [f"- `{old}` is now `{new}`: {why}.\n" for old, (new, why) in RENAMED.items()]
+    return lines
 
 
 # --- docs/configuration.md: generated regions in a hand-written page ---------------------------

@@ -15,7 +15,11 @@ Guarantees:
 2. A family reads only the ``details`` keys it declares (``CheckMetric.details``): the collector
    hands it each result with the other keys removed, so a key the check stops writing shows up
    as a missing declaration in tests, not as a silently empty series.
-3. Families that count over history (XID events, RDMA down time) read the store through
+3. A value that was not read (``None``, missing, not a number) yields no sample: never a 0
+   that would read as healthy. ``number`` is the one test of that, for every family below.
+4. Every label is one of ``LABELS`` (DESIGN.md §8's fixed vocabulary, one meaning each across
+   all families; tests/test_metric_labels.py holds every declared family to it).
+5. Families that count over history (XID events, RDMA down time) read the store through
    ``MetricsHistory`` instead of result details: their counters must continue across restarts
    and grow between polls (an outage still in progress at scrape time), which a value frozen
    into one poll's result cannot do.
@@ -28,6 +32,34 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 Sample = tuple[Sequence[str], float]
+
+#: The fixed label vocabulary: every label a family may carry, and what it means everywhere.
+LABELS: Mapping[str, str] = {
+    "version": "gpu-monitor's version (build info)",
+    "check": "a check's name (its module name)",
+    "target": "what a result is about: `gpu:3`, `nvlink:3:7`, `ib:mlx5_0:1`, `pcie:<address>`, "
+              "`nvswitch:0`, `node`",
+    "status": "a result's status: ok, degraded, failed, unknown, skipped",
+    "reason": "a result's CamelCase reason token (never an NVML clock event reason)",
+    "state": "one state of a state set (a port's, the node's, the breaker's, the bootstrap "
+             "gate's)",
+    "gpu": "the GPU's NVML index; empty on a PCI function that is not a GPU",
+    "uuid": "the GPU's UUID (survives re-enumeration); empty where `gpu` is",
+    "pci_bus_id": "a PCI function's address, `0000:19:00.0` (GPU, NVSwitch or NIC)",
+    "link": "an NVLink link's index on its GPU (0-17 on H100 SXM)",
+    "device": "an RDMA device (`mlx5_0`)",
+    "port": "an RDMA port number on its device",
+    "code": "an Xid or SXid code",
+    "sensor": "a temperature sensor: core, memory",
+    "event": "an NVML clock event reason (`hw_slowdown`, `sw_power_cap`, ...)",
+    "type": "what a hardware error counter counts: ECC and remapped rows corrected / "
+            "uncorrected; NVLink replay, recovery, crc_flit, crc_data",
+    "level": "a row-remapper availability level (spare rows left in a bank): max, high, "
+             "partial, low, none",
+    "severity": "a PCIe AER severity: correctable, nonfatal, fatal",
+    "action": "a remediation action",
+    "result": "the outcome of a remediation action or a drain's eviction",
+}
 
 
 @dataclass(frozen=True)
@@ -86,6 +118,49 @@ def gpu_labels(result: LatestResult) -> tuple[str, str] | None:
     if not result.target.startswith("gpu:"):
         return None
     return result.target.split(":", 1)[1], str(result.details.get("uuid") or "")
+
+
+def number(value: Any) -> float | None:
+    """``value`` as a sample value, or None when it was not read (None, a string, a list):
+    guarantee 3. A bool is 1.0 / 0.0."""
+    if isinstance(value, bool):
+        return 1.0 if value else 0.0
+    if isinstance(value, (int, float)):
+        return float(value)
+    return None
+
+
+def gpu_value(key: str) -> SamplesFn:
+    """Samples of each GPU's ``details[key]`` labelled ``(gpu, uuid)``."""
+
+    def samples(results: Sequence[LatestResult], history: MetricsHistory) -> Iterable[Sample]:
+        for r in results:
+            labels, value = gpu_labels(r), number(r.details.get(key))
+            if labels is not None and value is not None:
+                yield labels, value
+
+    samples.__doc__ = f"Each GPU's ``{key}`` at its last poll (not read: no sample)."
+    return samples
+
+
+def gpu_values(keys: Mapping[str, str], nested: str | None = None) -> SamplesFn:
+    """Samples labelled ``(gpu, uuid, <label value>)``, one per entry of ``keys`` (label value
+    -> details key, or key of the mapping ``details[nested]``), in ``keys``' order."""
+
+    def samples(results: Sequence[LatestResult], history: MetricsHistory) -> Iterable[Sample]:
+        for r in results:
+            labels = gpu_labels(r)
+            source = r.details if nested is None else r.details.get(nested)
+            if labels is None or not isinstance(source, Mapping):
+                continue
+            for label, key in keys.items():
+                value = number(source.get(key))
+                if value is not None:
+                    yield (*labels, label), value
+
+    samples.__doc__ = (f"Per GPU, one sample per {', '.join(keys)}"
+                       + (f" of ``{nested}``" if nested else "") + " (not read: no sample).")
+    return samples
 
 
 def state_set(current: str, states: Sequence[str]) -> Iterable[tuple[str, float]]:

@@ -60,6 +60,18 @@ _NODE_METRICS: tuple[MetricDoc, ...] = (
 #: The collector's own families (the checks' are on the checks).
 METRICS: tuple[MetricDoc, ...] = (*_CHECK_METRICS, *_NODE_METRICS)
 
+#: Samples one scrape of the simulated 8-GPU node (profile h100-sxm-8: 18 NVLinks per GPU, 8
+#: RDMA ports, 4 NVSwitches) may carry, and what it carried when last measured (the faulty
+#: golden scenario, remediation included): tests/test_metrics_cardinality.py holds both.
+SERIES_BOUND_8GPU = 3000
+SERIES_MEASURED_8GPU = 2178
+#: Families renamed, old name -> (new name, why): a breaking change for dashboards and alerts.
+RENAMED: Mapping[str, tuple[str, str]] = MappingProxyType({
+    "gpu_monitor_breaker_slots_total": (
+        "gpu_monitor_breaker_slots_budget",
+        "a gauge named like a counter (`_total`); the value is unchanged"),
+})
+
 STATUS_STATES = tuple(s.value for s in Status)
 BOOTSTRAP_STATES = ("passed", "failed", "unknown", "pending")
 

@@ -26,6 +26,9 @@ from gpu_monitor.exporter import Exporter
 from gpu_monitor.model import Kind
 from gpu_monitor.profiles import load_profile
 from gpu_monitor.registry import all_check_classes, select
+from gpu_monitor.remediate.breaker import BreakerStatus, Slot
+from gpu_monitor.remediate.metrics import remediation_collector
+from gpu_monitor.remediate.record import KV_BREAKER, KV_NAMESPACE
 from gpu_monitor.sim.inject import parse
 from gpu_monitor.sim.node import SimulatedNode
 from gpu_monitor.state import Store
@@ -43,6 +46,24 @@ SCENARIOS = {
     ]),
     "cpu_only": ("cpu-only", []),
 }
+
+
+def _dry_run_remediation(store: Store, clock: FakeClock) -> None:
+    """What a dry-run remediator records on the faulty node, written through the store's API as
+    gpu_monitor/remediate/lifecycle.py writes it: the node suspect, the GPU reset it would have
+    done, and the breaker as last seen (another node holds a slot)."""
+    now = clock.now()
+    store.set_node_state("suspect", "Xid79", now)
+    store.record_action("reset_gpu", "dry_run", now, {"reason": "Xid79"})
+    breaker = BreakerStatus(slots={"gpu-node-17": Slot("2026-01-01T00:00:00Z",
+                                                      "2026-01-01T00:00:00Z", "NvLinkDown")},
+                            budget=3, gpu_nodes=64)
+    store.set_kv(KV_NAMESPACE, KV_BREAKER, breaker.to_dict())
+
+
+#: The scenarios whose store also holds a remediator's record; every scenario serves the
+#: remediation families, as a daemon with remediation enabled (dry-run by default) does.
+REMEDIATION = {"h100_faulty": _dry_run_remediation}
 
 
 @contextmanager
@@ -70,7 +91,10 @@ def serving(scenario: str, tmp_path: Path) -> Iterator[tuple[CollectorRegistry, 
         for check in daemon.poll_checks:
             daemon.next_due[check.name] = clock.monotonic()
         daemon.tick(wait=True)
-        registry = build_registry(daemon, store, classes, clock)
+        if scenario in REMEDIATION:
+            REMEDIATION[scenario](store, clock)
+        registry = build_registry(daemon, store, classes, clock,
+                                  extra=[remediation_collector(store)])
         exporter = Exporter(registry, daemon.health)
         host, port = exporter.start("127.0.0.1:0")
         yield registry, f"http://{host}:{port}/metrics"
@@ -121,6 +145,21 @@ def test_faulty_scenario_shows_the_faults():
     assert 'gpu_monitor_check_status{check="xid",status="failed",target="gpu:3"} 1.0' in text
     assert 'gpu_monitor_rdma_port_state{device="mlx5_0",port="1",state="down"} 1.0' in text
     assert 'gpu_monitor_rdma_port_down_seconds_total{device="mlx5_0",port="1"} 10.0' in text
+
+
+def test_remediation_families_are_in_the_goldens():
+    from gpu_monitor.remediate.metrics import REMEDIATION_METRICS
+
+    healthy = (GOLDEN / "h100_healthy.prom").read_text()
+    faulty = (GOLDEN / "h100_faulty.prom").read_text()
+    for doc in REMEDIATION_METRICS:
+        assert f"# TYPE {doc.name.removesuffix('_total')}" in healthy, doc.name
+    assert 'gpu_monitor_node_state{state="suspect"} 1.0' in faulty
+    assert 'gpu_monitor_remediation_actions_total{action="reset_gpu",result="dry_run"} 1.0' \
+        in faulty
+    assert "gpu_monitor_breaker_slots_budget 3.0" in faulty
+    assert "gpu_monitor_breaker_slots_used 1.0" in faulty
+    assert "gpu_monitor_breaker_slots_budget NaN" in healthy  # never computed: unknown, not 0
 
 
 def test_every_declared_reason_is_present_at_start():

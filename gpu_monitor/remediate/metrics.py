@@ -29,7 +29,7 @@ REMEDIATION_METRICS: tuple[MetricDoc, ...] = (
               "(1 = current; paused is set alongside closed/tripped)."),
     MetricDoc("gpu_monitor_breaker_slots_used", "gauge", (),
               "Quarantine slots held in the fleet breaker, as last seen."),
-    MetricDoc("gpu_monitor_breaker_slots_total", "gauge", (),
+    MetricDoc("gpu_monitor_breaker_slots_budget", "gauge", (),
               "Quarantine slots the fleet may hold (budget), as last computed; NaN if unknown."),
     MetricDoc("gpu_monitor_remediation_actions_total", "counter", ("action", "result"),
               "Remediation steps taken (or decided, result dry_run) per action and result."),
@@ -84,8 +84,8 @@ def remediation_collector(store: Any,
                                 _help("gpu_monitor_breaker_slots_used"),
                                 value=float(len(snap.get("slots") or {})))
         budget = snap.get("budget")
-        yield GaugeMetricFamily("gpu_monitor_breaker_slots_total",
-                                _help("gpu_monitor_breaker_slots_total"),
+        yield GaugeMetricFamily("gpu_monitor_breaker_slots_budget",
+                                _help("gpu_monitor_breaker_slots_budget"),
                                 value=float(budget) if budget is not None else float("nan"))
 
         counts = store.action_counts()

@@ -35,6 +35,12 @@ SECTIONS = {
     "quarantine states": "quarantine state",
     "breaker": "breaker",
     "check durations and last runs": "check duration and last run",
+    "ECC errors": "ecc errors",
+    "row remapping": "row remaps",
+    "NVLink link state": "nvlink links down",
+    "NVLink error counters": "nvlink errors",
+    "PCIe link width and generation": "pcie links trained below",
+    "PCIe AER and replays": "pcie aer errors and replays",
 }
 GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$__interval": "1m", "$__range": "1h",
                      "$node": ".*", "${node}": ".*"}
@@ -85,7 +91,7 @@ def test_every_query_reads_only_metrics_gpu_monitor_exposes():
 
 def test_every_query_filters_by_the_node_variable_or_is_fleet_wide():
     fleet_wide = {"gpu_monitor_breaker_state", "gpu_monitor_breaker_slots_used",
-                  "gpu_monitor_breaker_slots_total"}
+                  "gpu_monitor_breaker_slots_budget"}
     for title, expr in _queries(_dashboard()):
         if promql_metric_names(expr) <= fleet_wide:
             continue

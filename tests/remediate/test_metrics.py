@@ -57,7 +57,7 @@ def test_values_come_from_the_store_and_the_breaker_snapshot():
     assert m[("gpu_monitor_breaker_state", (("state", "paused"),))] == 1.0
     assert m[("gpu_monitor_breaker_state", (("state", "closed"),))] == 0.0
     assert m[("gpu_monitor_breaker_slots_used", ())] == 2.0
-    assert m[("gpu_monitor_breaker_slots_total", ())] == 10.0
+    assert m[("gpu_monitor_breaker_slots_budget", ())] == 10.0
     assert m[("gpu_monitor_drain_evictions_total", (("result", "evicted"),))] == 2.0
     assert m[("gpu_monitor_drain_evictions_total", (("result", "blocked"),))] == 1.0
     assert m[("gpu_monitor_remediation_actions_total",
