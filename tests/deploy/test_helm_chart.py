@@ -15,15 +15,18 @@ import yaml
 
 from gpu_monitor import __version__
 from tests.deploy.deploy_helpers import (
+    CLUSTER_SCOPED,
     DEPLOY,
     MIN_KUBERNETES,
     MIN_KUBERNETES_ADMISSION,
     daemon_container,
     find,
     find_all,
+    is_core,
+    kubernetes_validate,
+    validate_object,
 )
 from tests.deploy.helm_chart import CHART, COMPONENT_VALUES, helm, helm_lint, helm_render, merged
-from tests.deploy.test_manifests import CLUSTER_SCOPED, _is_core, _kubernetes_validate, _validate
 
 #: Value sets every test of the renderings runs: the defaults, each component, all of them.
 VALUE_SETS = {"defaults": {}, **COMPONENT_VALUES,
@@ -58,14 +61,14 @@ def test_helm_lint_reports_a_broken_template(tmp_path):
 
 @pytest.mark.parametrize("name", sorted(VALUE_SETS))
 def test_rendered_objects_validate_against_the_kubernetes_schemas(name):
-    kv = _kubernetes_validate()
+    kv = kubernetes_validate()
     docs = helm_render(VALUE_SETS[name])
     minimum = MIN_KUBERNETES_ADMISSION if any(
         d["kind"].startswith("ValidatingAdmissionPolicy") for d in docs) else MIN_KUBERNETES
     assert docs
     for doc in docs:
-        if _is_core(doc):
-            _validate(kv, doc, minimum, f"helm template ({name})")
+        if is_core(doc):
+            validate_object(kv, doc, minimum, f"helm template ({name})")
 
 
 @pytest.mark.parametrize("name", sorted(VALUE_SETS))
