@@ -445,6 +445,9 @@ def test_the_crd_is_kept_on_uninstall_unless_asked():
     {"remediation": {"dryRun": "false"}},         # a string, not a boolean
     {"journalKmsg": {"file": "kern.log"}},        # not an absolute host path
     {"serviceMonitor": {"enabled": True, "labels": {"release": "x"}}},  # additionalLabels
+    {"logFormat": "yaml"},                        # json or text
+    {"fabric": {"jobNamespace": {"name": "GPU_Jobs"}}},  # not a DNS label
+    {"fabric": {"activeCheckShmSize": "16 GB"}},  # not a quantity
 ])
 def test_the_values_schema_refuses_a_mistake(values):
     h = helm()
