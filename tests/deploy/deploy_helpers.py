@@ -141,6 +141,20 @@ def kubernetes_validate() -> Any:
                "in the test extra): manifests are not checked against the Kubernetes schemas")
 
 
+#: Kinds served by the Kubernetes API itself (validated); everything else is a custom resource.
+CORE_API_GROUPS = ("v1", "apps/", "batch/", "rbac.authorization.k8s.io/", "scheduling.k8s.io/",
+                   "apiextensions.k8s.io/", "admissionregistration.k8s.io/")
+CLUSTER_SCOPED = frozenset({"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass",
+                            "CustomResourceDefinition", "ValidatingAdmissionPolicy",
+                            "ValidatingAdmissionPolicyBinding"})
+
+
+def is_core(doc: dict[str, Any]) -> bool:
+    """Whether the Kubernetes API itself serves ``doc``'s kind (it has a schema to validate)."""
+    api = doc["apiVersion"]
+    return api == "v1" or api.startswith(CORE_API_GROUPS[1:])
+
+
 def schema_versions(kv: Any, minimum: str) -> list[str]:
     """``minimum`` and the newest schema the installed kubernetes-validate knows."""
     return sorted({minimum, kv.latest_version()}, key=lambda v: tuple(map(int, v.split("."))))

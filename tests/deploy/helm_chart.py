@@ -39,15 +39,18 @@ def _component_values() -> dict[str, dict[str, Any]]:
 
 COMPONENT_VALUES: dict[str, dict[str, Any]] = _component_values()
 
-#: Labels Helm charts carry and the kustomize base does not (today; the comparison drops them
-#: on both sides, so the base gaining them changes nothing).
-HELM_STANDARD_LABELS = frozenset({"helm.sh/chart", "app.kubernetes.io/managed-by",
-                                  "app.kubernetes.io/instance", "app.kubernetes.io/version"})
+#: The label only a Helm chart has (the comparison drops it). The other standard labels are
+#: compared: instance and version are equal (the release is named gpu-monitor, as the base's
+#: instance), managed-by differs by design (test_helm_equivalence says so).
+HELM_ONLY_LABELS = frozenset({"helm.sh/chart"})
 #: Annotations only a Helm release has: the config checksum that rolls the pods (kustomize
 #: rolls them by the ConfigMap's name hash instead) and the CRD's keep policy.
 HELM_ONLY_ANNOTATIONS = re.compile(r"^(checksum/.*|helm\.sh/resource-policy)$")
 #: kustomize's configMapGenerator appends a content hash to these names; the chart does not.
-HASHED_CONFIGMAPS = ("gpu-monitor-config", "gpu-monitor-fabric-job-template")
+HASHED_CONFIGMAPS = ("gpu-monitor-config", "gpu-monitor-fabric-job-template",
+                     "gpu-monitor-fabric-settings")
+#: ConfigMaps whose YAML file the chart writes through toYaml (values applied): compared as data.
+PARSED_CONFIGMAPS = ("gpu-monitor-config", "gpu-monitor-fabric-settings")
 _HASH_SUFFIX = re.compile(r"^(?P<name>.+)-[a-z0-9]{10}$")
 
 
@@ -129,7 +132,7 @@ def kustomize_render(tmp_path: Path, components: Iterable[str]) -> list[dict[str
 
 def _strip_metadata(meta: dict[str, Any]) -> None:
     labels = {k: v for k, v in (meta.get("labels") or {}).items()
-              if k not in HELM_STANDARD_LABELS}
+              if k not in HELM_ONLY_LABELS}
     annotations = {k: v for k, v in (meta.get("annotations") or {}).items()
                    if not HELM_ONLY_ANNOTATIONS.match(k)}
     for key, value in (("labels", labels), ("annotations", annotations)):
@@ -147,8 +150,9 @@ def _unhash(name: str) -> str:
 
 
 def _normalise(node: Any, parent_key: str = "") -> Any:
-    """Helm's labels and annotations dropped, kustomize's ConfigMap name hashes removed, the
-    daemon's config.yaml parsed (the chart writes it through toYaml), lists of named items
+    """Helm's own label and annotations dropped, kustomize's ConfigMap name hashes removed, the
+    daemon's config.yaml and the scheduler's settings.yaml parsed (the chart writes them through
+    toYaml), lists of named items
     ordered by name (volumes, mounts, env, containers: merge keys, order-free)."""
     if isinstance(node, dict):
         out = {k: _normalise(v, k) for k, v in node.items()}
@@ -167,17 +171,18 @@ def _normalise(node: Any, parent_key: str = "") -> Any:
     return node
 
 
-def normalised(docs: Iterable[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
-    """Objects by (kind, name), normalised for comparing a Helm and a kustomize rendering."""
+def normalised(docs: Iterable[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """Objects by (kind, namespace, name) ("" for cluster-scoped ones), normalised for comparing
+    a Helm and a kustomize rendering."""
     out = {}
     for doc in docs:
         doc = _normalise(copy.deepcopy(doc))
         meta = doc["metadata"]
         if doc["kind"] == "ConfigMap":
             meta["name"] = _unhash(meta["name"])
-            if meta["name"] == "gpu-monitor-config":
+            if meta["name"] in PARSED_CONFIGMAPS:
                 doc["data"] = {k: yaml.safe_load(v) for k, v in doc["data"].items()}
-        key = (doc["kind"], meta["name"])
+        key = (doc["kind"], meta.get("namespace", ""), meta["name"])
         assert key not in out, f"two objects {key}"
         out[key] = doc
     return out

@@ -15,15 +15,18 @@ import yaml
 
 from gpu_monitor import __version__
 from tests.deploy.deploy_helpers import (
+    CLUSTER_SCOPED,
     DEPLOY,
     MIN_KUBERNETES,
     MIN_KUBERNETES_ADMISSION,
     daemon_container,
     find,
     find_all,
+    is_core,
+    kubernetes_validate,
+    validate_object,
 )
 from tests.deploy.helm_chart import CHART, COMPONENT_VALUES, helm, helm_lint, helm_render, merged
-from tests.deploy.test_manifests import CLUSTER_SCOPED, _is_core, _kubernetes_validate, _validate
 
 #: Value sets every test of the renderings runs: the defaults, each component, all of them.
 VALUE_SETS = {"defaults": {}, **COMPONENT_VALUES,
@@ -58,28 +61,55 @@ def test_helm_lint_reports_a_broken_template(tmp_path):
 
 @pytest.mark.parametrize("name", sorted(VALUE_SETS))
 def test_rendered_objects_validate_against_the_kubernetes_schemas(name):
-    kv = _kubernetes_validate()
+    kv = kubernetes_validate()
     docs = helm_render(VALUE_SETS[name])
     minimum = MIN_KUBERNETES_ADMISSION if any(
         d["kind"].startswith("ValidatingAdmissionPolicy") for d in docs) else MIN_KUBERNETES
     assert docs
     for doc in docs:
-        if _is_core(doc):
-            _validate(kv, doc, minimum, f"helm template ({name})")
+        if is_core(doc):
+            validate_object(kv, doc, minimum, f"helm template ({name})")
+
+
+#: The objects of daemonset/fabric that live where the Jobs run (fabric.jobNamespace).
+IN_JOB_NAMESPACE = {("ServiceAccount", "gpu-monitor-fabric-probe"),
+                    ("ServiceAccount", "gpu-monitor-idle-check"),
+                    ("Service", "gpu-monitor-fabric"),
+                    ("Role", "gpu-monitor-fabric-scheduler"),
+                    ("RoleBinding", "gpu-monitor-fabric-scheduler")}
+
+
+def _where(doc) -> tuple[str, str]:
+    return doc["kind"], doc["metadata"]["name"]
 
 
 @pytest.mark.parametrize("name", sorted(VALUE_SETS))
-def test_every_object_carries_the_standard_labels_and_sits_in_the_release_namespace(name):
-    for doc in helm_render(VALUE_SETS[name], namespace="gpu-monitor"):
+def test_every_object_carries_the_standard_labels_and_sits_in_its_namespace(name):
+    docs = helm_render(VALUE_SETS[name], namespace="gpu-monitor")
+    for doc in docs:
         labels = doc["metadata"]["labels"]
-        where = f"{doc['kind']}/{doc['metadata']['name']}"
+        where = f"{doc['kind']}/{doc['metadata'].get('namespace')}/{doc['metadata']['name']}"
         assert labels["app.kubernetes.io/managed-by"] == "Helm", where
         assert labels["app.kubernetes.io/instance"] == "gpu-monitor", where
         assert labels["app.kubernetes.io/version"] == __version__, where
         assert labels["helm.sh/chart"] == f"gpu-monitor-{__version__}", where
         assert labels["app.kubernetes.io/part-of"] == "gpu-monitor", where
+        template = (doc.get("spec") or {}).get("template")
+        if template:  # the base's three; the pods are the controllers' objects, not Helm's
+            pod = template["metadata"]["labels"]
+            assert {k: pod.get(k) for k in ("app.kubernetes.io/part-of",
+                                            "app.kubernetes.io/instance",
+                                            "app.kubernetes.io/version")} == {
+                "app.kubernetes.io/part-of": "gpu-monitor",
+                "app.kubernetes.io/instance": "gpu-monitor",
+                "app.kubernetes.io/version": __version__}, where
+            assert not {"app.kubernetes.io/managed-by", "helm.sh/chart"} & set(pod), where
         ns = doc["metadata"].get("namespace")
-        assert ns == (None if doc["kind"] in CLUSTER_SCOPED else "gpu-monitor"), where
+        assert ns in ((None,) if doc["kind"] in CLUSTER_SCOPED else
+                      ("gpu-monitor", "gpu-monitor-jobs")), where
+    in_jobs = {_where(d) for d in docs if d["metadata"].get("namespace") == "gpu-monitor-jobs"}
+    fabric = VALUE_SETS[name].get("fabric", {}).get("enabled")
+    assert in_jobs == (IN_JOB_NAMESPACE if fabric else set())
 
 
 def test_the_chart_version_is_the_package_and_the_kustomize_image_tag():
@@ -240,8 +270,25 @@ def test_monitoring_objects_follow_their_values():
     assert not [d for d in find_all(helm_render({"dashboard": {"enabled": False}}), "ConfigMap")
                 if d["metadata"]["name"] == "gpu-monitor-dashboard"]
     off = {d["kind"] for d in helm_render({"serviceMonitor": {"enabled": False},
-                                           "prometheusRule": {"enabled": False}})}
+                                           "prometheusRule": {"enabled": False},
+                                           "fabric": {"enabled": True}})}
     assert not {"ServiceMonitor", "PrometheusRule"} & off
+
+
+def test_the_scheduler_is_scraped_as_the_daemon_is():
+    docs = helm_render({"fabric": {"enabled": True},
+                        "serviceMonitor": {"additionalLabels": {"release": "prom"},
+                                           "interval": "15s"}})
+    monitor = find(docs, "ServiceMonitor", "gpu-monitor-fabric-scheduler")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics",
+                                             "scheme": "http", "interval": "15s",
+                                             "scrapeTimeout": "10s"}]
+    service = find(docs, "Service", "gpu-monitor-fabric-scheduler")
+    assert service["spec"]["selector"] == monitor["spec"]["selector"]["matchLabels"]
+    container = find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
 
 
 def test_common_labels_and_annotations_reach_every_object():
@@ -253,23 +300,119 @@ def test_common_labels_and_annotations_reach_every_object():
 
 
 def test_another_namespace_reaches_every_reference_to_it():
-    docs = helm_render(merged(VALUE_SETS["all"], {"serviceMonitor": {"enabled": True}}),
+    docs = helm_render(merged(VALUE_SETS["all"], {"serviceMonitor": {"enabled": True},
+                                                  "fabric": {"jobNamespace": {
+                                                      "name": "gpu-health-jobs"}}}),
                        namespace="gpu-health")
-    assert find(docs, "Namespace")["metadata"]["name"] == "gpu-health"
+    assert sorted(d["metadata"]["name"] for d in find_all(docs, "Namespace")) == [
+        "gpu-health", "gpu-health-jobs"]
     for doc in docs:
         if doc["kind"] not in CLUSTER_SCOPED:
-            assert doc["metadata"]["namespace"] == "gpu-health", doc["kind"]
+            assert doc["metadata"]["namespace"] in ("gpu-health", "gpu-health-jobs"), _where(doc)
         for subject in doc.get("subjects", []):
-            assert subject["namespace"] == "gpu-health", doc["metadata"]["name"]
+            expected = "gpu-health-jobs" if subject["name"] == "gpu-monitor-idle-check" \
+                else "gpu-health"
+            assert subject["namespace"] == expected, doc["metadata"]["name"]
+    assert {(d["kind"], d["metadata"]["name"]) for d in docs
+            if d["metadata"].get("namespace") == "gpu-health-jobs"} == IN_JOB_NAMESPACE
     policy = find(docs, "ValidatingAdmissionPolicy")
     assert "system:serviceaccount:gpu-health:gpu-monitor" in \
         policy["spec"]["matchConditions"][0]["expression"]
     args = find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=gpu-health" in args
-    assert find(docs, "ServiceMonitor")["spec"]["namespaceSelector"] == {
-        "matchNames": ["gpu-health"]}
+    assert "--job-namespace=gpu-health-jobs" in args
+    for monitor in find_all(docs, "ServiceMonitor"):
+        assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["gpu-health"]}
     override = helm_render({"namespaceOverride": "elsewhere"}, namespace="gpu-health")
     assert find(override, "DaemonSet")["metadata"]["namespace"] == "elsewhere"
+
+
+def test_the_job_namespace_is_never_the_release_namespace():
+    h = helm()
+    with h.Chart.load(CHART) as chart, pytest.raises(h.HelmError, match="must differ"):
+        chart.render({"fabric": {"enabled": True, "jobNamespace": {"name": "gpu-monitor"}}},
+                     name="gpu-monitor", namespace="gpu-monitor")
+
+
+def test_job_namespace_create_false_leaves_the_namespace_to_you():
+    docs = helm_render({"fabric": {"enabled": True, "jobNamespace": {"create": False}}})
+    assert [d["metadata"]["name"] for d in find_all(docs, "Namespace")] == []
+    assert find(docs, "ServiceAccount", "gpu-monitor-fabric-probe")["metadata"][
+        "namespace"] == "gpu-monitor-jobs"
+
+
+def _settings(docs) -> dict:
+    return yaml.safe_load(find(docs, "ConfigMap", "gpu-monitor-fabric-settings")["data"][
+        "settings.yaml"])
+
+
+def test_job_resources_shm_and_settings_reach_the_settings_file():
+    shipped = yaml.safe_load((DEPLOY / "fabric" / "settings.yaml").read_text())
+    docs = helm_render({"fabric": {"enabled": True}})
+    assert _settings(docs) == shipped
+    docs = helm_render({"fabric": {
+        "enabled": True, "probeResources": {"limits": {"memory": "48Gi"}},
+        "activeCheckResources": {"requests": {"cpu": "2"}}, "activeCheckShmSize": "8Gi",
+        "settings": {"rdma_resources": {"rdma/ib": "8"}, "max_concurrent_probes": 1}}})
+    settings = _settings(docs)
+    assert settings["probe_resources"] == {"requests": {"cpu": "4", "memory": "16Gi"},
+                                           "limits": {"memory": "48Gi"}}
+    assert settings["active_check_resources"]["requests"] == {"cpu": "2", "memory": "16Gi"}
+    assert settings["active_check_shm_size"] == "8Gi"
+    assert settings["rdma_resources"] == {"rdma/ib": "8"}
+    assert settings["max_concurrent_probes"] == 1
+    assert "instance" not in settings
+
+
+def test_the_rendered_settings_file_is_one_the_scheduler_accepts():
+    from gpu_monitor.fabric.scheduler_settings import settings_from_mapping
+
+    docs = helm_render({"fabric": {"enabled": True, "activeCheckShmSize": "8Gi"}})
+    settings = settings_from_mapping(_settings(docs)).validate()
+    assert settings.active_check_shm_size == "8Gi"
+    assert dict(settings.probe_resources["requests"]) == {"cpu": "4", "memory": "16Gi"}
+
+
+def test_another_release_name_labels_the_jobs_with_it():
+    h = helm()
+    with h.Chart.load(CHART) as chart:
+        manifests = chart.render({"fabric": {"enabled": True}}, name="gm-prod",
+                                 namespace="gpu-monitor", is_install=True)
+    docs = [d for path, text in manifests.items() if path.endswith(".yaml")
+            for d in yaml.safe_load_all(text) if d]
+    assert _settings(docs)["instance"] == "gm-prod"
+
+
+def test_a_settings_change_rolls_the_scheduler():
+    def checksum(values):
+        docs = helm_render(merged({"fabric": {"enabled": True}}, values))
+        return find(docs, "Deployment")["spec"]["template"]["metadata"]["annotations"][
+            "checksum/settings"]
+
+    assert checksum({}) != checksum({"fabric": {"activeCheckShmSize": "8Gi"}})
+    assert checksum({}) == checksum({"fabric": {"groupSize": 4}})  # a flag, not the file
+
+
+def test_the_log_format_reaches_the_daemon_and_the_scheduler():
+    for fmt in ("json", "text"):
+        docs = helm_render({"logFormat": fmt, "fabric": {"enabled": True}})
+        scheduler = find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+        assert f"--log-format={fmt}" in _daemon(docs)["args"]
+        assert f"--log-format={fmt}" in scheduler["args"]
+
+
+def test_the_priority_classes_follow_their_values():
+    docs = helm_render({"priorityClass": {"value": 900000000}, "fabric": {
+        "enabled": True, "priorityClassName": "fabric-low", "priorityClass": {"value": 5000}}})
+    assert find(docs, "PriorityClass", "gpu-monitor-node-critical")["value"] == 900000000
+    assert find(docs, "PriorityClass", "fabric-low")["value"] == 5000
+    pod = find(docs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "fabric-low"
+    mine = helm_render({"fabric": {"enabled": True, "priorityClassName": "mine",
+                                   "priorityClass": {"create": False}}})
+    assert sorted(d["metadata"]["name"] for d in find_all(mine, "PriorityClass")) == [
+        "gpu-monitor-idle-check", "gpu-monitor-node-critical"]
+    assert find(mine, "Deployment")["spec"]["template"]["spec"]["priorityClassName"] == "mine"
 
 
 def test_the_journal_file_is_a_value():
@@ -302,6 +445,9 @@ def test_the_crd_is_kept_on_uninstall_unless_asked():
     {"remediation": {"dryRun": "false"}},         # a string, not a boolean
     {"journalKmsg": {"file": "kern.log"}},        # not an absolute host path
     {"serviceMonitor": {"enabled": True, "labels": {"release": "x"}}},  # additionalLabels
+    {"logFormat": "yaml"},                        # json or text
+    {"fabric": {"jobNamespace": {"name": "GPU_Jobs"}}},  # not a DNS label
+    {"fabric": {"activeCheckShmSize": "16 GB"}},  # not a quantity
 ])
 def test_the_values_schema_refuses_a_mistake(values):
     h = helm()
@@ -357,13 +503,15 @@ def test_a_kustomize_file_keeps_its_own_namespaces_and_helm_owns_the_standard_la
     shutil.copytree(CHART, chart)  # the link becomes the files it points to
     accounts = chart / "files" / "daemonset" / "fabric" / "serviceaccount.yaml"
     text = accounts.read_text()
-    text = text.replace("  name: gpu-monitor-fabric-probe\n  namespace: gpu-monitor\n",
-                        "  name: gpu-monitor-fabric-probe\n  namespace: gpu-monitor-jobs\n")
-    text = text.replace("    app.kubernetes.io/component: fabric-scheduler\n",
-                        "    app.kubernetes.io/component: fabric-scheduler\n"
-                        "    app.kubernetes.io/managed-by: kustomize\n", 1)
-    accounts.write_text(text)
+    moved = text.replace("  name: gpu-monitor-idle-check\n  namespace: gpu-monitor-jobs\n",
+                         "  name: gpu-monitor-idle-check\n  namespace: batch-checks\n")
+    assert moved != text
+    accounts.write_text(moved.replace("    app.kubernetes.io/component: fabric-scheduler\n",
+                                      "    app.kubernetes.io/component: fabric-scheduler\n"
+                                      "    app.kubernetes.io/managed-by: kustomize\n", 1))
     docs = helm_render({"fabric": {"enabled": True}}, namespace="gpu-health", chart=chart)
+    idle = find(docs, "ServiceAccount", "gpu-monitor-idle-check")
+    assert idle["metadata"]["namespace"] == "batch-checks"
     probe = find(docs, "ServiceAccount", "gpu-monitor-fabric-probe")
     assert probe["metadata"]["namespace"] == "gpu-monitor-jobs"
     scheduler = find(docs, "ServiceAccount", "gpu-monitor-fabric-scheduler")

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from tests.deploy.deploy_helpers import (
+    CLUSTER_SCOPED,
     COMPONENTS,
     DEPLOY,
     KUSTOMIZATION_NAMES,
@@ -23,6 +24,7 @@ from tests.deploy.deploy_helpers import (
     base_objects,
     component_dirs,
     find,
+    is_core,
     kubernetes_validate,
     load_yaml_documents,
     manifest_files,
@@ -32,22 +34,11 @@ from tests.deploy.deploy_helpers import (
     validate_object,
 )
 
-#: Kinds served by the Kubernetes API itself (validated); everything else is a custom resource.
-CORE_API_GROUPS = ("v1", "apps/", "batch/", "rbac.authorization.k8s.io/", "scheduling.k8s.io/",
-                   "apiextensions.k8s.io/", "admissionregistration.k8s.io/")
-CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass",
-                  "CustomResourceDefinition", "ValidatingAdmissionPolicy",
-                  "ValidatingAdmissionPolicyBinding"}
 COMPONENT_NAMES = sorted(component_dirs())
 #: The order an overlay lists them in: no-prometheus-operator last, so that it also drops the
 #: ServiceMonitor of the fabric component (a component sees only what came before it).
 COMPONENT_ORDER = sorted(COMPONENT_NAMES, key=lambda c: c.endswith("no-prometheus-operator"))
 JOB_NAMESPACE = "gpu-monitor-jobs"  # daemonset/fabric/namespace.yaml
-
-
-def _is_core(doc: dict) -> bool:
-    api = doc["apiVersion"]
-    return api == "v1" or api.startswith(CORE_API_GROUPS[1:])
 
 
 def _label(path: Path) -> str:
@@ -71,7 +62,7 @@ def test_every_manifest_file_parses_into_named_objects(path):
 def test_core_manifests_validate_against_the_kubernetes_schemas(path):
     kv = kubernetes_validate()
     for doc in load_yaml_documents(path):
-        if _is_core(doc):
+        if is_core(doc):
             validate_object(kv, doc, MIN_KUBERNETES, _label(path))
 
 
@@ -80,7 +71,7 @@ def test_component_manifests_validate_against_the_kubernetes_schemas(path):
     kv = kubernetes_validate()
     admission = "own-node-admission" in path.parts  # needs ValidatingAdmissionPolicy v1
     for doc in load_yaml_documents(path):
-        if _is_core(doc):
+        if is_core(doc):
             validate_object(kv, doc, MIN_KUBERNETES_ADMISSION if admission else MIN_KUBERNETES,
                       _label(path))
 
@@ -165,7 +156,7 @@ def test_kustomize_renders_the_base_into_valid_objects():
         "the DaemonSet reads /etc/gpu-monitor/config.yaml: the key must be config.yaml")
     kv = kubernetes_validate()
     for doc in rendered:
-        if _is_core(doc):
+        if is_core(doc):
             validate_object(kv, doc, MIN_KUBERNETES, "kubectl kustomize daemonset/")
 
 
@@ -176,5 +167,5 @@ def test_kustomize_renders_every_component_together(tmp_path):
     assert not {"ServiceMonitor", "PrometheusRule"} & kinds, "no-prometheus-operator kept them"
     kv = kubernetes_validate()
     for doc in rendered:
-        if _is_core(doc):
+        if is_core(doc):
             validate_object(kv, doc, MIN_KUBERNETES_ADMISSION, "base + every component")

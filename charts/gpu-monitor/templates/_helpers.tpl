@@ -9,6 +9,19 @@ applied). Object names are fixed, as in the kustomize base (values.yaml says why
 {{- .Values.namespaceOverride | default .Release.Namespace -}}
 {{- end }}
 
+{{/*
+The namespace the fabric scheduler's probe and idle-check Jobs run in (fabric.jobNamespace.name).
+It must not be the daemon's: whoever may create a Job in a namespace may run a pod as any
+ServiceAccount there, the daemon's included (docs/fabric.md#rbac-and-namespaces).
+*/}}
+{{- define "gpu-monitor.jobNamespace" -}}
+{{- $jobs := .Values.fabric.jobNamespace.name -}}
+{{- if eq $jobs (include "gpu-monitor.namespace" .) -}}
+{{- fail (printf "fabric.jobNamespace.name (%s) must differ from the release namespace: a Job creator there could run pods as the daemon's ServiceAccount" $jobs) -}}
+{{- end -}}
+{{- $jobs -}}
+{{- end }}
+
 {{/* Helm's standard labels (the ones the kustomize base does not set). */}}
 {{- define "gpu-monitor.helmLabels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
@@ -41,12 +54,14 @@ annotations:
 {{- end }}
 
 {{/*
-A pod template's labels: the selector labels ("labels"), Helm's labels, commonLabels and
-podLabels (no part-of: the kustomize base sets it on objects, not on pod templates).
+A pod template's labels: the selector labels ("labels"), commonLabels, podLabels and the
+standard labels the kustomize base puts on pod templates (part-of, instance, version; not
+managed-by or helm.sh/chart: the pods are the controllers' objects, not Helm's).
 */}}
 {{- define "gpu-monitor.podLabels" -}}
 {{- $ctx := .ctx -}}
-{{- $labels := mergeOverwrite (dict) (deepCopy $ctx.Values.commonLabels) (deepCopy $ctx.Values.podLabels) (deepCopy .labels) (include "gpu-monitor.helmLabels" $ctx | fromYaml) }}
+{{- $standard := dict "app.kubernetes.io/part-of" "gpu-monitor" "app.kubernetes.io/instance" $ctx.Release.Name "app.kubernetes.io/version" ($ctx.Chart.AppVersion | toString) }}
+{{- $labels := mergeOverwrite (dict) (deepCopy $ctx.Values.commonLabels) (deepCopy $ctx.Values.podLabels) (deepCopy .labels) $standard }}
 {{- toYaml $labels }}
 {{- end }}
 
@@ -102,37 +117,40 @@ merged over it.
 
 {{/*
 The objects of a manifest of the kustomize base (files/daemonset links to daemonset/), as the
-kustomize base renders them for this release: namespaced objects (those the file gives a
-namespace) in this release's namespace, ServiceAccount subjects of bindings too (as kustomize's
-namespace transformer does), the labels of gpu-monitor.metadata added. Only the base's
-namespace (gpu-monitor) is this release's: an object or subject a file puts in a namespace of
-its own stays there. One source: objects no
-value changes are not written twice. Parameters: "ctx", "file", optional "labels",
-"annotations" (added to every object), "name" (the object's name instead of the file's; for
-one-object files) and "replace" (a list: old, new; a textual substitution
+kustomize base renders them for this release: an object or ServiceAccount subject the file puts
+in gpu-monitor goes to this release's namespace (as kustomize's namespace transformer does),
+one in gpu-monitor-jobs to fabric.jobNamespace.name, one in any other namespace stays there; the
+labels of gpu-monitor.metadata are added. One source: objects no value changes are not written
+twice. Parameters: "ctx", "file", optional "labels", "annotations" (added to every object),
+"name" (the object's name instead of the file's; for one-object files), "rename" (file name ->
+name), "omit" (file names left out), "fields" (file name -> top-level fields set on that
+object, e.g. a PriorityClass's value) and "replace" (a list: old, new; a textual substitution
 in the file first, for a namespace spelt inside a string).
   include "gpu-monitor.fileObjects" (dict "ctx" $ "file" "files/daemonset/role.yaml")
 */}}
 {{- define "gpu-monitor.fileObjects" -}}
 {{- $ctx := .ctx -}}
-{{- $namespace := include "gpu-monitor.namespace" $ctx -}}
-{{- $baseNamespace := "gpu-monitor" -}}
+{{- $namespaces := dict "gpu-monitor" (include "gpu-monitor.namespace" $ctx) -}}
+{{- if $ctx.Values.fabric.enabled }}{{ $_ := set $namespaces "gpu-monitor-jobs" (include "gpu-monitor.jobNamespace" $ctx) }}{{ end -}}
 {{- $text := $ctx.Files.Get .file -}}
 {{- if not $text }}{{ fail (printf "%s is missing or empty (files/daemonset must link to daemonset/)" .file) }}{{ end -}}
 {{- with .replace }}{{ $text = replace (index . 0) (index . 1) $text }}{{ end -}}
 {{- $params := . -}}
 {{- range $doc := regexSplit "(?m)^---[ \\t]*$" $text -1 }}
 {{- $object := fromYaml $doc }}
-{{- if $object }}
+{{- if and $object (not (has ($object.metadata.name | default "") ($params.omit | default list))) }}
 {{- if hasKey $object "Error" }}{{ fail (printf "%s: %s" $params.file $object.Error) }}{{ end }}
 {{- $meta := $object.metadata }}
+{{- $fileName := $meta.name }}
 {{- $labels := mergeOverwrite (deepCopy ($meta.labels | default dict)) (deepCopy ($params.labels | default dict)) }}
 {{- $annotations := mergeOverwrite (deepCopy ($meta.annotations | default dict)) (deepCopy ($params.annotations | default dict)) }}
-{{- $own := ternary $namespace $meta.namespace (eq ($meta.namespace | default "") $baseNamespace) }}
-{{- $rendered := include "gpu-monitor.metadata" (dict "ctx" $ctx "name" ($params.name | default $meta.name) "namespaced" (hasKey $meta "namespace") "namespace" $own "labels" $labels "annotations" $annotations) | fromYaml }}
+{{- $own := get $namespaces ($meta.namespace | default "") | default $meta.namespace }}
+{{- $name := $params.name | default (get ($params.rename | default dict) $fileName) | default $fileName }}
+{{- $rendered := include "gpu-monitor.metadata" (dict "ctx" $ctx "name" $name "namespaced" (hasKey $meta "namespace") "namespace" $own "labels" $labels "annotations" $annotations) | fromYaml }}
 {{- $_ := set $object "metadata" $rendered }}
+{{- range $key, $value := get ($params.fields | default dict) $fileName | default dict }}{{ $_ := set $object $key $value }}{{ end }}
 {{- range $subject := $object.subjects | default list }}
-{{- if and (eq $subject.kind "ServiceAccount") (eq ($subject.namespace | default "") $baseNamespace) }}{{ $_ := set $subject "namespace" $namespace }}{{ end }}
+{{- if and (eq $subject.kind "ServiceAccount") $subject.namespace }}{{ $_ := set $subject "namespace" (get $namespaces ($subject.namespace | default "") | default $subject.namespace) }}{{ end }}
 {{- end }}
 ---
 {{ toYaml $object }}
@@ -143,4 +161,23 @@ in the file first, for a namespace spelt inside a string).
 {{/* The fabric probe Job template: fabric.jobTemplate, else daemonset/fabric/job-template.yaml. */}}
 {{- define "gpu-monitor.fabricJobTemplate" -}}
 {{- .Values.fabric.jobTemplate | default (.Files.Get "files/daemonset/fabric/job-template.yaml") -}}
+{{- end }}
+
+{{/*
+The fabric scheduler's settings file: daemonset/fabric/settings.yaml with fabric.probeResources,
+fabric.activeCheckResources and fabric.activeCheckShmSize set in it, the Jobs' instance label
+when the release is not named gpu-monitor, then fabric.settings merged over it (as `config`).
+*/}}
+{{- define "gpu-monitor.fabricSettings" -}}
+{{- $settings := .Files.Get "files/daemonset/fabric/settings.yaml" | fromYaml -}}
+{{- if hasKey $settings "Error" }}{{ fail (printf "files/daemonset/fabric/settings.yaml: %s" $settings.Error) }}{{ end -}}
+{{- $fabric := .Values.fabric -}}
+{{- $_ := set $settings "probe_resources" (deepCopy $fabric.probeResources) -}}
+{{- $_ := set $settings "active_check_resources" (deepCopy $fabric.activeCheckResources) -}}
+{{- $_ := set $settings "active_check_shm_size" $fabric.activeCheckShmSize -}}
+{{- if ne .Release.Name "gpu-monitor" }}{{ $_ := set $settings "instance" .Release.Name }}{{ end -}}
+{{- include "gpu-monitor.mergeInto" (list $settings $fabric.settings) -}}
+# daemonset/fabric/settings.yaml with the chart's values applied (values.yaml: fabric). Every
+# key: docs/fabric.md#settings; the scheduler's flags win over this file.
+{{ toYaml $settings -}}
 {{- end }}
