@@ -115,6 +115,8 @@ if [[ $smoke == 1 ]]; then
   echo "== [${SECONDS}s] smoke: gpu-monitor daemon --simulate h100-sxm-8 --once, as the image's user"
   ctr=$(bah from -q --pull=false "$tag")
   user=$(bah inspect --format '{{.OCIv1.Config.User}}' "$tag")
+  health=$(bah inspect --format '{{.Docker.Config.Healthcheck.Test}}' "$tag")
+  [[ $health == *healthcheck.py* ]] || die "the image lost its HEALTHCHECK ($health)"
   out=$(bah run --isolation chroot --user "$user" "$ctr" -- \
           gpu-monitor daemon --simulate h100-sxm-8 --once) || { echo "$out" >&2; die "smoke run failed"; }
   echo "$out" | tail -1

@@ -370,3 +370,23 @@ def test_the_image_runs_as_a_non_root_user(name):
     user = parse(name).last("USER")
     uid = user.split(":")[0]
     assert uid not in {"0", "root"}, f"{name}: USER {user}"
+
+
+@pytest.mark.parametrize("script", ["build.sh", "lock.sh"])
+def test_the_image_scripts_are_valid_bash(script):
+    import subprocess
+
+    done = subprocess.run(["bash", "-n", str(REPO / "images" / script)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("args, says", [
+    ([], "usage"), (["everything"], "no image 'everything'"),
+    (["passive", "--engine", "docker", "--smoke"], "need --engine buildah"),
+    (["passive", "--frobnicate"], "unknown option --frobnicate"),
+])
+def test_build_sh_refuses_what_it_cannot_build_before_building_anything(args, says):
+    import subprocess
+
+    done = subprocess.run(["bash", str(BUILD_SH), *args], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and says in done.stderr, (done.returncode, done.stderr)
