@@ -55,13 +55,16 @@ RUN set -e; apt-get update \
  && command -v dcgmi && command -v ib_write_bw
 
 # The venv's own pip is the lock's (run from its wheel to install itself and the rest), not the
-# base's. No `pip check`: it would judge the base's own (conda) packages too.
+# base's. --ignore-installed: the venv sees the base's packages, and pip would otherwise keep
+# one of the base's where its version matches the lock, unchecked by the lock's hashes. No
+# `pip check`: it would judge the base's own (conda) packages too.
 COPY requirements.txt healthcheck.py /tmp/image/
 COPY wheels/ /tmp/image/wheels/
 RUN set -e; w=/tmp/image/wheels; \
     python3 -m venv --without-pip --system-site-packages /opt/gpu-monitor \
  && /opt/gpu-monitor/bin/python "$(ls $w/pip-*.whl)/pip" install --no-cache-dir --no-index \
-        --find-links $w --only-binary=:all: --require-hashes -r /tmp/image/requirements.txt \
+        --find-links $w --only-binary=:all: --require-hashes --ignore-installed \
+        -r /tmp/image/requirements.txt \
  && /opt/gpu-monitor/bin/pip install --no-cache-dir --no-index --no-deps $w/gpu_monitor-*.whl \
  && install -m 0644 /tmp/image/healthcheck.py /opt/gpu-monitor/healthcheck.py \
  && rm -rf /tmp/image \

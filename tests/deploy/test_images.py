@@ -184,6 +184,10 @@ def test_pip_installs_only_from_the_wheels_and_the_lock_with_hashes(name):
         if "-r" in words:
             assert "--require-hashes" in words and words[words.index("-r") + 1].endswith(
                 "/requirements.txt"), words
+            # A venv that sees the base's packages would keep a base package of the lock's
+            # version without checking its hash.
+            sees_base = any("--system-site-packages" in v for v in _invocations(df, "-m", "venv"))
+            assert not sees_base or "--ignore-installed" in words, words
         else:  # the project's own wheel, built from this tree: nothing else comes with it
             assert "--no-deps" in words and any("gpu_monitor-" in w for w in words), words
     assert not _invocations(df, "pip", "download") and not _invocations(df, "pip", "wheel")
