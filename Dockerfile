@@ -58,16 +58,16 @@ RUN set -e; apt-get update \
 # base's. --ignore-installed: the venv sees the base's packages, and pip would otherwise keep
 # one of the base's where its version matches the lock, unchecked by the lock's hashes. No
 # `pip check`: it would judge the base's own (conda) packages too.
-COPY requirements.txt healthcheck.py /tmp/image/
-COPY wheels/ /tmp/image/wheels/
-RUN set -e; w=/tmp/image/wheels; \
+# The context is bind-mounted for this one step (BuildKit, buildah, podman), so neither the
+# wheels nor the lock stay in a layer.
+RUN --mount=type=bind,source=.,target=/tmp/image \
+    set -e; w=/tmp/image/wheels; \
     python3 -m venv --without-pip --system-site-packages /opt/gpu-monitor \
  && /opt/gpu-monitor/bin/python "$(ls $w/pip-*.whl)/pip" install --no-cache-dir --no-index \
         --find-links $w --only-binary=:all: --require-hashes --ignore-installed \
         -r /tmp/image/requirements.txt \
  && /opt/gpu-monitor/bin/pip install --no-cache-dir --no-index --no-deps $w/gpu_monitor-*.whl \
  && install -m 0644 /tmp/image/healthcheck.py /opt/gpu-monitor/healthcheck.py \
- && rm -rf /tmp/image \
  && /opt/gpu-monitor/bin/python -c "import gpu_monitor, checks, torch, numpy; print('gpu-monitor', gpu_monitor.__version__, 'torch', torch.__version__)"
 
 # A non-root user for everything that does not need the host: `gpu-monitor bootstrap` on a

@@ -1,8 +1,8 @@
 """The Dockerfiles build what they claim, and reproducibly, as far as a parse can tell.
 
 The real build runs in .ci/run (``images/build.sh passive --debootstrap --smoke``); these are the
-rules it relies on, cheap enough for the suite: every file a Dockerfile COPYs is one
-images/build.sh puts in the build context; the bases are pinned by version tag with the digest
+rules it relies on, cheap enough for the suite: everything a Dockerfile takes from its context is
+what images/build.sh puts there; the bases are pinned by version tag with the digest
 pin documented; every apt package is pinned ``name=version``; pip installs only ``--no-index``
 from the host-built wheels, the lock with ``--require-hashes``; the lock pins every dependency
 of pyproject.toml with hashes, and no torch. The entry point is the ``gpu-monitor`` console
@@ -82,7 +82,7 @@ LOCK = REPO / "images" / "requirements.txt"
 # What images/build.sh puts in the build context, by name there: the repository file, or None
 # for the wheels folder it fills (pip wheel + pip download).
 CONTEXT = {"requirements.txt": "images/requirements.txt", "healthcheck.py": "images/healthcheck.py",
-           "wheels/": None}
+           "wheels/": None, "wheels": None}
 VENV_BIN = "/opt/gpu-monitor/bin"
 
 
@@ -133,21 +133,41 @@ def _lock() -> dict[str, tuple[str, list[str]]]:
     return out
 
 
+CONTEXT_MOUNT = "/tmp/image"
+
+
+def _context_uses(df: Dockerfile) -> set[str]:
+    """What the image takes from its build context, by name there: COPY sources, and the
+    paths RUN steps read below the context's bind mount."""
+    used = set()
+    for copy in df.all("COPY"):
+        if not copy.startswith("--from"):
+            used.update(shlex.split(copy)[:-1])
+    for run in df.all("RUN"):
+        mount = re.match(r"--mount=(\S+)", run)
+        if mount:
+            opts = dict(o.partition("=")[::2] for o in mount.group(1).split(","))
+            assert opts.get("type") == "bind" and opts.get("target") == CONTEXT_MOUNT, opts
+            assert opts.get("source") == ".", opts
+        for path in re.findall(rf"{CONTEXT_MOUNT}/([\w.-]+/?)", run):
+            assert mount, f"RUN reads {CONTEXT_MOUNT}/{path} without the context mounted there"
+            used.add(path)
+    return used
+
+
 @pytest.mark.parametrize("name", sorted(IMAGES))
-def test_every_copied_file_is_one_build_sh_puts_in_the_context(name):
+def test_everything_taken_from_the_context_is_what_build_sh_puts_there(name):
     df = parse(name)
     build_sh = BUILD_SH.read_text(encoding="utf-8")
-    copies = [c for c in df.all("COPY") if not c.startswith("--from")]
-    assert copies, f"{name} copies nothing"
-    for copy in copies:
-        *sources, _dest = shlex.split(copy)
-        for src in sources:
-            assert src in CONTEXT, f"{name}: COPY {src}: images/build.sh puts no such thing in the context"
-            if CONTEXT[src]:
-                assert (REPO / CONTEXT[src]).is_file()
-                assert f'"$repo/{CONTEXT[src]}"' in build_sh, f"build.sh does not copy {CONTEXT[src]}"
-    assert f'cp "$repo/{name}" "$ctx/Dockerfile"' in build_sh or (
-        'dockerfile=' + name) in build_sh, f"build.sh never builds {name}"
+    used = _context_uses(df)
+    assert used, f"{name} takes nothing from its context"
+    for src in used:
+        assert src in CONTEXT, f"{name}: {src}: images/build.sh puts no such thing in the context"
+        if CONTEXT[src]:
+            assert (REPO / CONTEXT[src]).is_file()
+            assert f'"$repo/{CONTEXT[src]}"' in build_sh, f"build.sh does not copy {CONTEXT[src]}"
+    assert {"wheels", "wheels/"} & used and ("dockerfile=" + name) in build_sh, f"build.sh never builds {name}"
+    assert 'mkdir -p "$ctx/wheels"' in build_sh and '--wheel-dir "$ctx/wheels"' in build_sh
 
 
 @pytest.mark.parametrize("name", sorted(IMAGES))
