@@ -5,7 +5,7 @@ address, 9425 by default and in daemonset/daemonset.yaml) and ``gpu-monitor fabr
 (its own ``--listen``, 9426 by default and in daemonset/fabric/deployment.yaml). A fixed port in
 the Dockerfile is wrong for one of them, so this reads the container's main process's command
 line (PID 1, the ENTRYPOINT plus its arguments) and takes the port from ``--listen`` there, or
-the command's default when none is given. Docker and Podman run it; Kubernetes ignores an
+for the daemon from ``daemon.listen`` in its ``--config`` file, or the command's default. Docker and Podman run it; Kubernetes ignores an
 image's HEALTHCHECK and uses the manifests' probes instead (the same ports and path).
 
 It imports nothing from gpu_monitor (it runs every 30 s; importing the CLI costs more than the
@@ -25,19 +25,42 @@ DEFAULT_PORTS = {"daemon": 9425, "fabric-scheduler": 9426}
 TIMEOUT_S = 4.0
 
 
-def listen_port(argv: list[str]) -> int:
-    """The port the process started with ``argv`` serves on (the last ``--listen`` wins, as
-    argparse does); a command other than the two servers gets the daemon's default."""
-    port: str | None = None
+def _flag(argv: list[str], name: str) -> str | None:
+    """The value of ``--name VALUE`` / ``--name=VALUE``; the last one wins, as in argparse."""
+    value = None
     for i, arg in enumerate(argv):
-        if arg == "--listen" and i + 1 < len(argv):
-            port = argv[i + 1].rpartition(":")[2]
-        elif arg.startswith("--listen="):
-            port = arg.partition("=")[2].rpartition(":")[2]
-    if port:
-        return int(port)
+        if arg == name and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(name + "="):
+            value = arg.partition("=")[2]
+    return value
+
+
+def _config_listen(path: str) -> str | None:
+    """``daemon.listen`` of the daemon's configuration file, or None where it names none or
+    cannot be read (the daemon itself would not have started then)."""
+    try:
+        import yaml  # the image's PyYAML, a dependency of gpu-monitor
+    except ImportError:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            listen = (yaml.safe_load(f) or {}).get("daemon", {}).get("listen")
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        return None
+    return listen if isinstance(listen, str) else None
+
+
+def listen_port(argv: list[str]) -> int:
+    """The port the process started with ``argv`` serves on: ``--listen``, else (the daemon)
+    its config file's ``daemon.listen``, else the command's default; a command other than the
+    two servers gets the daemon's."""
     command = next((a for a in argv if a in DEFAULT_PORTS), "daemon")
-    return DEFAULT_PORTS[command]
+    listen = _flag(argv, "--listen")
+    if not listen and command == "daemon" and (config := _flag(argv, "--config")):
+        listen = _config_listen(config)
+    port = (listen or "").rpartition(":")[2]
+    return int(port) if port.isdigit() else DEFAULT_PORTS[command]
 
 
 def main_process_argv(cmdline_path: str = "/proc/1/cmdline") -> list[str]:

@@ -343,6 +343,20 @@ def test_the_health_check_port_comes_from_the_command_line(argv, port):
     assert _healthcheck().listen_port(argv) == port
 
 
+@pytest.mark.parametrize("config, port", [
+    ("daemon:\n  listen: 0.0.0.0:9600\n", 9600),
+    ("daemon:\n  interval_s: 30\n", 9425),  # no listen: the default
+    ("daemon: [\n", 9425),                     # not YAML the daemon would start with
+])
+def test_the_daemons_port_may_come_from_its_config_file(tmp_path, config, port):
+    path = tmp_path / "config.yaml"
+    path.write_text(config, encoding="utf-8")
+    hc = _healthcheck()
+    assert hc.listen_port(["gpu-monitor", "daemon", f"--config={path}"]) == port
+    assert hc.listen_port(["gpu-monitor", "daemon", "--config", str(path), "--listen=:9700"]) == 9700
+    assert hc.listen_port(["gpu-monitor", "daemon", f"--config={tmp_path / 'absent'}"]) == 9425
+
+
 def test_the_health_check_reads_pid_1s_nul_separated_command_line(tmp_path):
     hc = _healthcheck()
     cmdline = tmp_path / "cmdline"
