@@ -121,6 +121,13 @@ if [[ $smoke == 1 ]]; then
           gpu-monitor daemon --simulate h100-sxm-8 --once) || { echo "$out" >&2; die "smoke run failed"; }
   echo "$out" | tail -1
   grep -q '^verdict: healthy' <<<"$out" || die "smoke run: the simulated node is not healthy"
+  # The health check's script loads under the image's Python and reads a config as the daemon
+  # would (asking /healthz itself would reach this host's network: buildah's chroot shares it).
+  bah run --isolation chroot --user "$user" "$ctr" -- python -c '
+import sys; sys.path.insert(0, "/opt/gpu-monitor"); import healthcheck as h
+open("/tmp/c.yaml", "w").write("daemon:\n  listen: 0.0.0.0:9600\n")
+assert h.listen_port(["gpu-monitor", "daemon", "--config=/tmp/c.yaml"]) == 9600
+assert h.listen_port(["gpu-monitor", "fabric-scheduler"]) == 9426' || die "smoke run: healthcheck.py"
   bah rm "$ctr" >/dev/null
 fi
 if [[ -n $archive ]]; then
