@@ -55,6 +55,18 @@ if [[ $engine != buildah && ( -n $suite || $smoke == 1 || -n $archive ) ]]; then
   die "--debootstrap, --smoke and --archive need --engine buildah"
 fi
 
+# buildah and debootstrap come from Debian's archive where they are missing (as .ci/run installs
+# promtool); elsewhere install them yourself.
+need=()
+[[ $engine == buildah ]] && ! command -v buildah >/dev/null 2>&1 && need+=(buildah)
+[[ -n $suite ]] && ! command -v debootstrap >/dev/null 2>&1 && need+=(debootstrap)
+if [[ ${#need[@]} -gt 0 ]]; then
+  [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1 || die "install ${need[*]} first"
+  echo "== apt-get install ${need[*]}"
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
 tmp=$(mktemp -d)
 cleanup() {
   # vfs layers are plain folders; buildah's own rm first (it unmounts), then the folder.

@@ -237,7 +237,9 @@ def test_the_lock_pins_every_dependency_of_pyproject_with_hashes_and_no_torch():
 def test_ci_builds_and_smoke_runs_the_passive_image():
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
     assert re.search(r"(?m)^images/build\.sh passive --debootstrap --smoke$", ci)
-    assert "apt-get install" in ci and "buildah debootstrap" in ci
+    build_sh = BUILD_SH.read_text(encoding="utf-8")
+    assert 'apt-get install -y -qq --no-install-recommends "${need[@]}"' in build_sh
+    assert "need+=(buildah)" in build_sh and "need+=(debootstrap)" in build_sh
 
 
 def _build_sh_python(flavor: str) -> str:
