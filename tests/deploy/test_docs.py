@@ -15,7 +15,7 @@ import pytest
 from tests.deploy.deploy_helpers import DOCS, REPO, heading_anchors
 
 OPERATOR_DOCS = ("architecture.md", "install.md", "runbook.md", "coexistence.md",
-                 "manual-checks.md")
+                 "manual-checks.md", "deploy-images.md")
 #: Checks the runbook covers even where the code is not in this tree yet.
 RUNBOOK_CHECKS = ("inventory", "xid", "nvswitch", "throttle", "temperature", "nvlink_state",
                   "rdma_ports", "pcie_aer", "ecc_memory", "pcie", "dcgm_diag", "rdma_loopback",
