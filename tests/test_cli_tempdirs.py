@@ -34,6 +34,22 @@ def tmpdir_listing(tmp_path, monkeypatch):
     return tmp
 
 
+@pytest.fixture
+def sigint_as_at_a_terminal():
+    """Ctrl-C reaches a command started at a terminal as KeyboardInterrupt. A shell script that
+    starts the suite in the background (``pytest &``, ``nohup``) hands it SIGINT *ignored*, and
+    Python then keeps it ignored, as every Unix program does: a Ctrl-C test must set the
+    terminal's disposition itself, in-process and for its children, or it tests the harness."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def _terminal_sigint() -> None:
+    """preexec_fn of a child started as at a terminal: SIGINT at its default (see above)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def wait_until(condition, what: str, timeout: float = 120.0):
     return eventually(condition, timeout, interval=0.05, what=what)
 
@@ -70,7 +86,8 @@ def test_an_in_process_run_leaves_no_temporary_directory(argv, code, tmpdir_list
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
                          ids=["ctrl-c", "sigterm"])
 def test_an_in_process_run_interrupted_mid_check_removes_its_tree(signum, code, tmpdir_listing,
-                                                                   capsys):
+                                                                   capsys,
+                                                                   sigint_as_at_a_terminal):
     main_thread = threading.main_thread().ident
     interrupter: dict[str, object] = {}
 
@@ -97,7 +114,8 @@ def test_an_in_process_run_interrupted_mid_check_removes_its_tree(signum, code, 
 def _subprocess(tmp: Path, *argv: str) -> subprocess.Popen:
     env = dict(os.environ, TMPDIR=str(tmp), PYTHONPATH=str(REPO))
     return subprocess.Popen([sys.executable, "-m", "gpu_monitor", *argv, *QUIET], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_terminal_sigint)
 
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)],

@@ -13,6 +13,7 @@ from gpu_monitor.model import Kind, Status
 from gpu_monitor.profiles import load_profile
 from gpu_monitor.sim.node import SimulatedNode
 from gpu_monitor.state import Store
+from tests.waiting import eventually
 
 
 class KmsgCounter(Check):
@@ -54,7 +55,7 @@ class Slow(Check):
 
     def poll(self, ctx):
         self.runs += 1
-        self.release.wait(5)
+        self.release.wait(120)  # released by the test, however slow the machine
         return [self.ok(ctx)]
 
 
@@ -214,11 +215,14 @@ def test_slow_check_does_not_starve_fast_one_and_never_runs_twice(sim_env):
     try:
         d.tick()
         for _ in range(5):
+            # Each tick starts the fast check only once its last run is done: wait for that,
+            # never for a guessed time (under load a run can outlast any sleep).
+            eventually(lambda: d.in_flight["fast_check"].done(), what="the fast check's run")
             clock.advance(1.0)
             d.tick()
-            time.sleep(0.05)
-        assert slow.runs == 1  # still in flight: not started again
-        assert fast.runs >= 5
+        eventually(lambda: fast.runs == 6, what="six runs of the fast check")
+        assert slow.runs == 1  # still in flight all along: never started again
+        assert not d.in_flight["slow_check"].done()
     finally:
         slow.release.set()
         d.shutdown()
