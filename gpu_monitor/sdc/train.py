@@ -40,7 +40,7 @@ from gpu_monitor.sdc.localize import (
 )
 from gpu_monitor.sdc.replay import ROW, deterministic_mode, replay, result_row
 from gpu_monitor.sdc.schedule import Schedule
-from gpu_monitor.sdc.topology import check_topology
+from gpu_monitor.sdc.topology import ring_layout
 from gpu_monitor.sdc.weights import find_divergent_ranks
 
 __all__ = ["clip_averaged", "train"]
@@ -58,6 +58,13 @@ _REPRODUCED_NOTE = (
 _NO_THIRD_NOTE = (
     "no rank outside a mismatched pair can confirm it (a world of 2, or every other rank on the "
     "target's node): those pairs are unattributable"
+)
+
+
+_SINGLE_NODE_NOTE = (
+    "the group is on one node: replays and confirmations ran on other GPUs of the same node, "
+    "so the confirmation is not independent across nodes (a node-wide fault would agree with "
+    "itself)"
 )
 
 
@@ -80,6 +87,8 @@ class _Loop:
         self.scaler = scaler
         self.g: _dist.Group = stats.group
         self.nodes: list[str] = []
+        self.off = sched.peer_offset  # the ring offset (ring_layout may change it on one node)
+        self.single_node = False
         self.last_audit_pass: int | None = None
         self.last_weight_check_pass: int | None = None
 
@@ -133,6 +142,8 @@ class _Loop:
         named = set(glob(nonfinite)) | set(glob(culprits)) | {v["suspect"] for v in vs}
         named |= set(suspects or [])
         named.discard(None)
+        if self.single_node and check == COMPUTE and (pairs or verdict_rows):
+            note = f"{note}; {_SINGLE_NODE_NOTE}" if note else _SINGLE_NODE_NOTE
         alarm = {
             "step": step,
             "check": check,
@@ -148,6 +159,7 @@ class _Loop:
             "note": note,
             "applied": applied,
             "audit": audit,
+            "single_node": self.single_node,
         }
         if tensors is not None:
             alarm["tensors"] = tensors
@@ -158,7 +170,7 @@ class _Loop:
     def _ring(self, step: int, batch, loss, det: bool) -> dict:
         import torch
 
-        g, off = self.g, self.sched.peer_offset
+        g, off = self.g, self.off
         own_fps = None
         if det:
             own_fps = self.stats.grad_fps
@@ -175,7 +187,9 @@ class _Loop:
         own_all, rep_all = self._rows(table, 0), self._rows(table, 1)
         pairs = mismatched_pairs(own_all, rep_all, off)
         loc = localize(pairs, g.size, off)
-        plans = plan_confirmations(loc.ambiguous, g.size, off, self.nodes)
+        # On one node every GPU counts as its own "node" for the choice of a third.
+        nodes = None if self.single_node else self.nodes
+        plans = plan_confirmations(loc.ambiguous, g.size, off, nodes)
         vs = self._confirm(plans, step, batch, det, own_all, rep_all)
         culprits = list(loc.culprits)
         note = loc.note
@@ -207,7 +221,7 @@ class _Loop:
             for r, work in enumerate(work_all):
                 for i, key in enumerate(work):
                     results[(r, *key)] = tuple(table[r, i].tolist())
-        return verdicts(plans, own_all, rep_all, results, g.size, self.sched.peer_offset)
+        return verdicts(plans, own_all, rep_all, results, g.size, self.off)
 
     # -- check 3 -----------------------------------------------------------------------------
 
@@ -337,7 +351,8 @@ def train(
         raise TypeError(f"sched must be a gpu_monitor.sdc.Schedule, got {type(sched).__name__}")
     loop = _Loop(ddp_model, stats, optimizer, compute_loss, rebuild_batch, save_checkpoint,
                  sched, int(start_step), scaler)
-    loop.nodes = check_topology(stats.group.handle, sched.peer_offset)
+    layout = ring_layout(stats.group.handle, sched.peer_offset)
+    loop.nodes, loop.off, loop.single_node = list(layout.nodes), layout.offset, layout.single_node
     if sched.check_every or sched.check_on_checkpoint:
         alarm = loop._weights(int(start_step), preflight=True)
         if alarm:

@@ -19,6 +19,7 @@ import pickle
 import socket
 import time
 import traceback
+import warnings
 from datetime import timedelta
 from typing import Any
 
@@ -33,6 +34,7 @@ class Ctx:
 
 
 CTX = Ctx()
+PER_NODE = 2  # set by ``worker``: ranks per simulated node
 
 
 def free_port() -> int:
@@ -206,8 +208,11 @@ def run_scenario(sc: dict, rank: int, world: int) -> dict:
         return (make_batch(s, rank) for s in range(a, b))
 
     det_before = torch.are_deterministic_algorithms_enabled()
-    alarm = train(ddp, stats, opt, batches(start, start + steps), compute_loss, rebuild,
-                  save_checkpoint, sched, start_step=start, scaler=scaler)
+    with _scenario_env(sc.get("env", {}), rank), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        alarm = train(ddp, stats, opt, batches(start, start + steps), compute_loss, rebuild,
+                      save_checkpoint, sched, start_step=start, scaler=scaler)
+    out["warnings"] = [str(w.message) for w in caught if "gpu_monitor.sdc" in str(w.message)]
     out["alarm"] = alarm
     out["det_restored"] = torch.are_deterministic_algorithms_enabled() == det_before
     restore = sc.get("restore")
@@ -227,6 +232,47 @@ def run_scenario(sc: dict, rank: int, world: int) -> dict:
     if where is not None and rank == 0 and out["alarm"] is not None:
         out["report_path"] = write_report(out["alarm"], where, path=sc["report"])
     return out
+
+
+class _scenario_env:
+    """Environment variables for one scenario (``{node}`` in a value: this rank's node index;
+    ``None``: unset), restored afterwards."""
+
+    def __init__(self, env: dict, rank: int) -> None:
+        self.env = {k: None if v is None else v.format(node=rank // PER_NODE)
+                    for k, v in env.items()}
+        self.saved: dict = {}
+
+    def __enter__(self):
+        for k, v in self.env.items():
+            self.saved[k] = os.environ.get(k)
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        return self
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        return False
+
+
+def _forbid_object_collectives() -> None:
+    """Make torch's object collectives fail as they do without numpy (the CPU torch wheel does
+    not bring it): the library must not use them."""
+    import torch.distributed as dist
+
+    def refused(*args, **kwargs):
+        raise RuntimeError("Numpy is not available (object collectives are refused in the SDC "
+                           "tests: gpu_monitor.sdc must use tensor collectives)")
+
+    for name in ("all_gather_object", "broadcast_object_list", "gather_object",
+                 "scatter_object_list"):
+        setattr(dist, name, refused)
 
 
 def _patch_reduction(faults: list, rank: int) -> None:
@@ -340,7 +386,10 @@ def worker(rank: int, world: int, port: int, scenarios: list, outdir: str, per_n
     import torch
     import torch.distributed as dist
 
+    global PER_NODE
+    PER_NODE = per_node
     torch.set_num_threads(1)
+    _forbid_object_collectives()
     if os.environ.get("SDC_HARNESS_DUMP"):
         import faulthandler
 
