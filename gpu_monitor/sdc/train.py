@@ -38,7 +38,7 @@ from gpu_monitor.sdc.localize import (
     target_of,
     verdicts,
 )
-from gpu_monitor.sdc.replay import ROW, deterministic_mode, replay, result_row
+from gpu_monitor.sdc.replay import ROW, accumulate, deterministic_mode, replay, result_row
 from gpu_monitor.sdc.schedule import Schedule
 from gpu_monitor.sdc.topology import ring_layout
 from gpu_monitor.sdc.weights import find_divergent_ranks
@@ -74,7 +74,7 @@ class ReplayFailed(RuntimeError):
 
 class _Loop:
     def __init__(self, ddp_model, stats, optimizer, compute_loss, rebuild_batch, save_checkpoint,
-                 sched, start_step, scaler) -> None:
+                 sched, start_step, scaler, micro_steps=1) -> None:
         self.ddp = ddp_model
         self.module = ddp_model.module
         self.stats = stats
@@ -85,6 +85,7 @@ class _Loop:
         self.sched = sched
         self.start_step = start_step
         self.scaler = scaler
+        self.micro_steps = micro_steps
         self.g: _dist.Group = stats.group
         self.nodes: list[str] = []
         self.off = sched.peer_offset  # the ring offset (ring_layout may change it on one node)
@@ -106,6 +107,7 @@ class _Loop:
             with_grads=det,
             grad_rows=self.stats.seen,
             scale=self._scale(),
+            micro_steps=self.micro_steps,
         )
 
     def _gather_rows(self, rows, error: BaseException | None):
@@ -255,8 +257,10 @@ class _Loop:
         self.stats.begin_step(record_fingerprints=det, in_train=True)
         self.opt.zero_grad(set_to_none=True)
         with deterministic_mode(det):
-            loss = self.compute_loss(self.ddp, batch)
-            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            # One loss, or the vector of micro-step losses; the hook sees the accumulated local
+            # gradient (DDP reduces only at the last micro-step).
+            loss = accumulate(self.ddp, self.compute_loss, batch, self.micro_steps, backward=True,
+                              scale=self._scale(), no_sync=self.ddp.no_sync)
             # Clip now (replicas' gradients are reduced; weights untouched): the multiply that
             # clips also divides gradients the hook all-reduced as sums.
             if self.scaler is not None:
@@ -329,6 +333,7 @@ def train(
     start_step: int = 0,
     *,
     scaler: Any = None,
+    micro_steps: int = 1,
 ) -> dict | None:
     """Run the steps of ``batches`` (numbered from ``start_step``) with the SDC checks.
 
@@ -337,6 +342,10 @@ def train(
     replay (called with the unwrapped module); ``rebuild_batch(step, rank)`` must return exactly
     the micro-batch that data-parallel rank ``rank`` (rank within the DP group) trained on at
     ``step``. ``scaler``: an fp16 ``GradScaler``; steps it skips are not alarms.
+    ``micro_steps > 1``: gradient accumulation - every item of ``batches`` and every
+    ``rebuild_batch`` result is the sequence of the step's ``micro_steps`` micro-batches; each
+    micro-step's loss is divided by ``micro_steps``, all but the last run under ``no_sync``,
+    and replays recompute every micro-step.
     A collective from start to end: every rank of the DP group must call it.
     """
     from torch.nn.parallel import DistributedDataParallel
@@ -349,8 +358,10 @@ def train(
         raise ValueError("stats must be the value attach(ddp_model) returned for this model")
     if not isinstance(sched, Schedule):
         raise TypeError(f"sched must be a gpu_monitor.sdc.Schedule, got {type(sched).__name__}")
+    if not isinstance(micro_steps, int) or isinstance(micro_steps, bool) or micro_steps < 1:
+        raise ValueError(f"micro_steps must be an int >= 1, got {micro_steps!r}")
     loop = _Loop(ddp_model, stats, optimizer, compute_loss, rebuild_batch, save_checkpoint,
-                 sched, int(start_step), scaler)
+                 sched, int(start_step), scaler, micro_steps)
     layout = ring_layout(stats.group.handle, sched.peer_offset)
     loop.nodes, loop.off, loop.single_node = list(layout.nodes), layout.offset, layout.single_node
     if sched.check_every or sched.check_on_checkpoint:

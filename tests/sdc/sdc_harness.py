@@ -75,16 +75,23 @@ def make_model(unused: bool = False):
     return TinyNet()
 
 
-def make_batch(step: int, rank: int) -> dict:
+def make_batch(step: int, rank: int, micro: int = 0) -> dict:
     import torch
 
-    g = torch.Generator().manual_seed(10007 * step + 31 * rank + 1)
+    g = torch.Generator().manual_seed(10007 * step + 31 * rank + 1 + 1000003 * micro)
     return {
         "x": torch.randn(BATCH, D_IN, generator=g),
         "y": torch.randint(0, CLASSES, (BATCH,), generator=g),
         "step": step,
         "rank": rank,
     }
+
+
+def step_batch(step: int, rank: int, micro_steps: int = 1):
+    """The step's batch: one micro-batch, or the list of ``micro_steps`` of them."""
+    if micro_steps == 1:
+        return make_batch(step, rank)
+    return [make_batch(step, rank, i) for i in range(micro_steps)]
 
 
 def compute_loss(model, batch):
@@ -188,16 +195,18 @@ def run_scenario(sc: dict, rank: int, world: int) -> dict:
         out["saved_fp"][step] = fingerprints([p for p in model.parameters()]).sum(0).tolist()
         checkpoints[step] = (copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict()))
 
+    micro = sc.get("micro", 1)
     if sc.get("rebuild") == "different":
         def rebuild(step, r):
-            return make_batch(step, r + 1000)
+            return step_batch(step, r + 1000, micro)
     elif sc.get("rebuild") == "raises_on_2":
         def rebuild(step, r):
             if rank == 2:
                 raise OSError("the data loader of rank 2 lost its shard")
-            return make_batch(step, r)
+            return step_batch(step, r, micro)
     else:
-        rebuild = make_batch
+        def rebuild(step, r):
+            return step_batch(step, r, micro)
     scaler = torch.amp.GradScaler("cpu") if sc.get("scaler") else None
     where = rank_map() if sc.get("report") else None
     sched = Schedule(**sc["sched"])
@@ -205,13 +214,14 @@ def run_scenario(sc: dict, rank: int, world: int) -> dict:
     start = sc.get("start_step", 0)
 
     def batches(a, b):
-        return (make_batch(s, rank) for s in range(a, b))
+        return (step_batch(s, rank, micro) for s in range(a, b))
 
     det_before = torch.are_deterministic_algorithms_enabled()
     with _scenario_env(sc.get("env", {}), rank), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         alarm = train(ddp, stats, opt, batches(start, start + steps), compute_loss, rebuild,
-                      save_checkpoint, sched, start_step=start, scaler=scaler)
+                      save_checkpoint, sched, start_step=start, scaler=scaler,
+                      micro_steps=micro)
     out["warnings"] = [str(w.message) for w in caught if "gpu_monitor.sdc" in str(w.message)]
     out["alarm"] = alarm
     out["det_restored"] = torch.are_deterministic_algorithms_enabled() == det_before
@@ -228,7 +238,7 @@ def run_scenario(sc: dict, rank: int, world: int) -> dict:
         out["applied"] = []
         out["alarm"] = train(ddp, stats, opt, batches(ckpt_step + 1, ckpt_step + 1 + steps),
                              compute_loss, rebuild, save_checkpoint, sched,
-                             start_step=ckpt_step + 1)
+                             start_step=ckpt_step + 1, micro_steps=micro)
     if where is not None and rank == 0 and out["alarm"] is not None:
         out["report_path"] = write_report(out["alarm"], where, path=sc["report"])
     return out
@@ -325,6 +335,7 @@ def run_equivalence(sc: dict, rank: int) -> dict:
 
     max_norm = sc.get("max_norm", 1.0)
     steps = sc["steps"]
+    micro = sc.get("micro", 1)
     plain_m, checked_m = make_model(), make_model()
     plain, checked = DDP(plain_m), DDP(checked_m)
     stats = attach(checked)
@@ -332,13 +343,18 @@ def run_equivalence(sc: dict, rank: int) -> dict:
     opt_c = torch.optim.SGD(checked_m.parameters(), lr=0.5, momentum=0.9)
     for s in range(steps):
         opt_p.zero_grad(set_to_none=True)
-        compute_loss(plain, make_batch(s, rank)).backward()
+        if micro == 1:
+            compute_loss(plain, make_batch(s, rank)).backward()
+        for i in range(micro if micro > 1 else 0):  # nanoGPT's accumulation loop
+            plain.require_backward_grad_sync = i == micro - 1
+            (compute_loss(plain, make_batch(s, rank, i)) / micro).backward()
         if max_norm is not None:
             torch.nn.utils.clip_grad_norm_(plain_m.parameters(), max_norm)
         opt_p.step()
     sched = Schedule(**sc["sched"], max_grad_norm=max_norm)
-    alarm = train(checked, stats, opt_c, (make_batch(s, rank) for s in range(steps)),
-                  compute_loss, make_batch, None, sched)
+    alarm = train(checked, stats, opt_c, (step_batch(s, rank, micro) for s in range(steps)),
+                  compute_loss, lambda s, r: step_batch(s, r, micro), None, sched,
+                  micro_steps=micro)
     pairs = list(zip(plain_m.parameters(), checked_m.parameters(), strict=True))
     out = {
         "alarm": alarm,

@@ -60,16 +60,30 @@ SCENARIOS = [
 WORLD = 6
 
 
+ACCUMULATED = "+accumulated"  # the same scenario with 2 micro-steps per step (no_sync first)
+
+
 @pytest.fixture(scope="module")
-def table(tmp_path_factory):
+def spawned(tmp_path_factory):
+    """Every row twice in one spawn: one micro-batch per step, and gradient accumulation."""
     out = tmp_path_factory.mktemp("fault_table")
     scenarios = [dict(sc) for sc in SCENARIOS]
     scenarios[0]["report"] = str(out)
+    scenarios += [dict(sc, name=sc["name"] + ACCUMULATED, micro=2, report=None)
+                  for sc in SCENARIOS]
     results = H.spawn(scenarios, str(out), world=WORLD, per_node=2)
     for name, per_rank in results.items():
         for r, res in enumerate(per_rank):
             assert "error" not in res, f"{name} rank {r}: {res.get('trace')}"
     return results
+
+
+@pytest.fixture(scope="module", params=["", ACCUMULATED], ids=["one-micro-batch", "accumulated"])
+def table(request, spawned):
+    """The rows of one variant, under the plain scenario names."""
+    suffix = request.param
+    return {sc["name"]: spawned[sc["name"] + suffix] for sc in SCENARIOS
+            if sc["name"] + suffix in spawned}
 
 
 def same_on_all_ranks(per_rank, key="alarm"):
@@ -98,8 +112,8 @@ def test_nan_in_forward_once_is_named_by_the_nonfinite_check_and_confirmed_trans
     assert all(res["saves"] == [] for res in runs)
 
 
-def test_nan_alarm_report_names_the_node_of_rank_3(table):
-    path = table["nan_once"][0]["report_path"]
+def test_nan_alarm_report_names_the_node_of_rank_3(spawned):
+    path = spawned["nan_once"][0]["report_path"]
     with open(path) as f:
         report = json.load(f)
     assert report["schema"] == 1 and report["check"] == "compute" and report["step"] == 13

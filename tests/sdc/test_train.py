@@ -21,6 +21,9 @@ SCENARIOS = [
     {"name": "unclipped", "kind": "equivalence", "sched": S, "steps": 9, "max_norm": None},
     {"name": "loss_only_audits", "kind": "equivalence",
      "sched": dict(S, deterministic_audits=False), "steps": 9, "max_norm": 0.05},
+    # nanoGPT's loop (require_backward_grad_sync on the last of 3 micro-steps, loss / 3) against
+    # train(micro_steps=3), deterministic audits on every third step
+    {"name": "accumulated", "kind": "equivalence", "sched": S, "steps": 6, "micro": 3},
 ]
 
 
