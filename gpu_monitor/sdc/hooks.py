@@ -50,6 +50,12 @@ class GradStats:
     norm (so it needs no synchronisation point of its own), and for fp32/fp64 gradients it leaves
     the division out: the buckets are all-reduced as sums and ``train`` folds ``1/size`` into the
     multiply that clips them (``summed`` says so), saving a read and a write of every gradient.
+
+    Progress of ``train`` (readable while training, e.g. from ``on_step``, and after it
+    returned; cumulative over every ``train`` call on this object): ``steps`` completed without
+    an alarm, ``audits`` (ring audits run on audit steps) and ``weight_checks`` (weight
+    comparisons run, the one before the first step included), ``last_step`` (the last step
+    completed), ``last_audit_pass`` and ``last_weight_check_pass`` (None until one passed).
     """
 
     def __init__(self, ddp_model: Any, group: _dist.Group) -> None:
@@ -69,6 +75,12 @@ class GradStats:
         self.grad_fps: Any = None
         self.seen: set[int] = set()
         self.buckets = 0
+        self.steps = 0
+        self.audits = 0
+        self.weight_checks = 0
+        self.last_step: int | None = None
+        self.last_audit_pass: int | None = None
+        self.last_weight_check_pass: int | None = None
 
     def begin_step(self, record_fingerprints: bool, in_train: bool = False) -> None:
         self.record_fingerprints = record_fingerprints

@@ -74,7 +74,7 @@ class ReplayFailed(RuntimeError):
 
 class _Loop:
     def __init__(self, ddp_model, stats, optimizer, compute_loss, rebuild_batch, save_checkpoint,
-                 sched, start_step, scaler, micro_steps=1) -> None:
+                 sched, start_step, scaler, micro_steps=1, on_step=None) -> None:
         self.ddp = ddp_model
         self.module = ddp_model.module
         self.stats = stats
@@ -86,6 +86,7 @@ class _Loop:
         self.start_step = start_step
         self.scaler = scaler
         self.micro_steps = micro_steps
+        self.on_step = on_step
         self.g: _dist.Group = stats.group
         self.nodes: list[str] = []
         self.off = sched.peer_offset  # the ring offset (ring_layout may change it on one node)
@@ -229,9 +230,10 @@ class _Loop:
 
     def _weights(self, step: int, *, preflight: bool) -> dict | None:
         res = find_divergent_ranks(list(self.module.parameters()), self.g.handle)
+        self.stats.weight_checks += 1
         if not res["diverged"]:
             if not preflight:
-                self.last_weight_check_pass = step
+                self.last_weight_check_pass = self.stats.last_weight_check_pass = step
             return None
         if preflight:
             first = step
@@ -249,6 +251,14 @@ class _Loop:
     # -- one step ----------------------------------------------------------------------------
 
     def step(self, step: int, batch) -> dict | None:
+        """One step in SPEC-SDC's order; the alarm, or None (then ``on_step`` has run)."""
+        loss, bad, alarm = self._compute(step, batch)
+        if alarm is not None:
+            return alarm
+        return self._apply(step, loss, bad)
+
+    def _compute(self, step: int, batch):
+        """Checks 0-2: forward and backward, check 1, the ring. (loss, reduced bad, alarm)."""
         import torch
 
         sched, g = self.sched, self.g
@@ -273,6 +283,7 @@ class _Loop:
             bad = _dist.any_rank(g, not bool(torch.isfinite(total)))
             fire_nonfinite = bool(nonfinite) and self.scaler is None
             ring = self._ring(step, batch, loss, det) if (audit or fire_nonfinite) else None
+            self.stats.audits += int(audit)
         if fire_nonfinite or (ring and ring["pairs"]):
             self.opt.zero_grad(set_to_none=True)
             firsts = []
@@ -285,14 +296,19 @@ class _Loop:
             note = ring["note"]
             if fire_nonfinite and not ring["pairs"]:
                 note = _REPRODUCED_NOTE
-            return self._alarm(
+            return loss, bad, self._alarm(
                 step, COMPUTE, min(firsts), applied=False,
                 nonfinite=nonfinite if fire_nonfinite else [],
                 pairs=ring["pairs"], culprits=ring["culprits"], verdict_rows=ring["verdicts"],
                 note=note, audit="deterministic" if det else "loss",
             )
         if audit:
-            self.last_audit_pass = step
+            self.last_audit_pass = self.stats.last_audit_pass = step
+        return loss, bad, None
+
+    def _apply(self, step: int, loss, bad: bool) -> dict | None:
+        """Check 3 (reduced gradient), the update, check 4 (weights), checkpoint, ``on_step``."""
+        sched = self.sched
         if bad and self.scaler is None:
             self.opt.zero_grad(set_to_none=True)
             return self._alarm(step, REDUCED, step, applied=False,
@@ -318,6 +334,10 @@ class _Loop:
                     "last_weight_check_pass": self.last_weight_check_pass,
                 },
             )
+        self.stats.steps += 1
+        self.stats.last_step = step
+        if self.on_step is not None:
+            self.on_step(step, loss.detach().mean() if self.micro_steps > 1 else loss.detach())
         return None
 
 
@@ -334,6 +354,7 @@ def train(
     *,
     scaler: Any = None,
     micro_steps: int = 1,
+    on_step: Callable[[int, Any], Any] | None = None,
 ) -> dict | None:
     """Run the steps of ``batches`` (numbered from ``start_step``) with the SDC checks.
 
@@ -346,6 +367,10 @@ def train(
     ``rebuild_batch`` result is the sequence of the step's ``micro_steps`` micro-batches; each
     micro-step's loss is divided by ``micro_steps``, all but the last run under ``no_sync``,
     and replays recompute every micro-step.
+    ``on_step(step, loss)``: called on every rank after each step that raised no alarm, last in
+    the step (after the update, the weight check and the checkpoint), with the detached loss
+    (the mean of the micro-step losses); the place for ``scheduler.step()``, logging and
+    evaluation. Progress counters are on ``stats`` (see ``GradStats``).
     A collective from start to end: every rank of the DP group must call it.
     """
     from torch.nn.parallel import DistributedDataParallel
@@ -361,7 +386,7 @@ def train(
     if not isinstance(micro_steps, int) or isinstance(micro_steps, bool) or micro_steps < 1:
         raise ValueError(f"micro_steps must be an int >= 1, got {micro_steps!r}")
     loop = _Loop(ddp_model, stats, optimizer, compute_loss, rebuild_batch, save_checkpoint,
-                 sched, int(start_step), scaler, micro_steps)
+                 sched, int(start_step), scaler, micro_steps, on_step)
     layout = ring_layout(stats.group.handle, sched.peer_offset)
     loop.nodes, loop.off, loop.single_node = list(layout.nodes), layout.offset, layout.single_node
     if sched.check_every or sched.check_on_checkpoint:

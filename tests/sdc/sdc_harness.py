@@ -35,6 +35,9 @@ class Ctx:
 
 CTX = Ctx()
 PER_NODE = 2  # set by ``worker``: ranks per simulated node
+COUNTERS = ("steps", "audits", "weight_checks", "last_step", "last_audit_pass",
+            "last_weight_check_pass")
+LR = 0.05
 
 
 def free_port() -> int:
@@ -158,9 +161,10 @@ def run_scenario(sc: dict, rank: int, world: int) -> dict:
     model = make_model(unused=sc.get("unused", False))
     ddp = DDP(model, find_unused_parameters=sc.get("unused", False))
     stats = attach(ddp)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
     layer = model.blocks[1].down
-    out: dict[str, Any] = {"applied": [], "saves": [], "edits": {}, "saved_fp": {}}
+    out: dict[str, Any] = {"applied": [], "saves": [], "edits": {}, "saved_fp": {}, "lrs": [],
+                           "events": []}
     faults = sc.get("faults", [])
 
     def fwd_hook(mod, inp, output):
@@ -180,6 +184,7 @@ def run_scenario(sc: dict, rank: int, world: int) -> dict:
 
     def post_step(optimizer, args, kwargs):
         out["applied"].append(CTX.step)
+        out["lrs"].append(optimizer.param_groups[0]["lr"])
         for f in faults:
             if f["type"] == "weight" and rank in f["ranks"] and CTX.step == f["at"]:
                 before = fingerprints([layer.weight])[0].tolist()
@@ -191,6 +196,7 @@ def run_scenario(sc: dict, rank: int, world: int) -> dict:
     checkpoints: dict[int, Any] = {}
 
     def save_checkpoint(step, tags):
+        out["events"].append(("save", step))
         out["saves"].append((step, dict(tags)))
         out["saved_fp"][step] = fingerprints([p for p in model.parameters()]).sum(0).tolist()
         checkpoints[step] = (copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict()))
@@ -216,12 +222,19 @@ def run_scenario(sc: dict, rank: int, world: int) -> dict:
     def batches(a, b):
         return (step_batch(s, rank, micro) for s in range(a, b))
 
+    def on_step(step, loss):  # a learning-rate schedule and the loss log, as a loop has them
+        out["events"].append(("on_step", step, float(loss),
+                              {k: getattr(stats, k) for k in COUNTERS}))
+        for group in opt.param_groups:
+            group["lr"] = LR * 0.5 ** (step + 1)
+
     det_before = torch.are_deterministic_algorithms_enabled()
     with _scenario_env(sc.get("env", {}), rank), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         alarm = train(ddp, stats, opt, batches(start, start + steps), compute_loss, rebuild,
                       save_checkpoint, sched, start_step=start, scaler=scaler,
-                      micro_steps=micro)
+                      micro_steps=micro, on_step=on_step if sc.get("on_step") else None)
+    out["counters"] = {k: getattr(stats, k) for k in COUNTERS}
     out["warnings"] = [str(w.message) for w in caught if "gpu_monitor.sdc" in str(w.message)]
     out["alarm"] = alarm
     out["det_restored"] = torch.are_deterministic_algorithms_enabled() == det_before
