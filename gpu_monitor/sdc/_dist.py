@@ -70,6 +70,11 @@ def any_rank(g: Group, flag: bool) -> bool:
     return bool(t.item())
 
 
+def rendezvous(g: Group) -> None:
+    """Return only when every rank of the group got here (one synchronous 1-element all-reduce)."""
+    any_rank(g, False)
+
+
 def all_gather_strings(g: Group, *texts: str) -> list[tuple[str, ...]]:
     """Every rank's ``texts`` (group order), through tensor collectives only.
 

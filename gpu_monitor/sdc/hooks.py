@@ -22,6 +22,7 @@ from gpu_monitor.sdc.fingerprint import fingerprints
 __all__ = ["GradStats", "attach", "cublas_config_problem"]
 
 _DETERMINISTIC_CUBLAS = (":4096:8", ":16:8")
+_ATTACHED = "_gpu_monitor_sdc_stats"  # set on a DDP model by attach()
 
 
 def cublas_config_problem(environ=None) -> str | None:
@@ -71,7 +72,8 @@ class GradStats:
         self.record_fingerprints = False
         self.in_train = False
         self._sq: list[Any] = []
-        self._norms: Any = None  # (work, [tensor per rank]) of the in-flight norm all-gather
+        self._norms: Any = None  # (work, [tensor per rank], mine) of the in-flight norm all-gather
+        self._held: Any = None  # the last completed one, kept referenced until the next step
         self.grad_fps: Any = None
         self.seen: set[int] = set()
         self.buckets = 0
@@ -87,13 +89,36 @@ class GradStats:
         self.in_train = in_train
         self._sq = []
         self._norms = None
+        self._held = None
         self.buckets = 0
         self.grad_fps = None
 
     def end_step(self) -> None:
-        """Back to the stock behaviour (the caller's own loop gets averaged gradients)."""
+        """Back to the stock behaviour (the caller's own loop gets averaged gradients).
+
+        A norm all-gather still in flight (only after an exception inside a step: ``train``
+        calls ``settle`` on its other paths) is not waited for - the other ranks may never have
+        started theirs - but stays referenced, so that its tensors are not left to gloo's
+        worker thread alone.
+        """
         self.in_train = False
-        self._norms = None
+        if self._norms is not None:
+            self._held, self._norms = self._norms, None
+
+    def settle(self) -> None:
+        """Wait for every collective the hook started (``train`` calls it before returning).
+
+        Why: a work handle left in flight when ``train`` returns is still being run by gloo's
+        worker thread when a training script exits right after an alarm; a worker thread that
+        releases Python-owned tensors during interpreter shutdown aborts the process
+        (``terminate called without an active exception``), hiding the alarm. The completed
+        work and its tensors stay referenced here until the next step, so that the last
+        reference is dropped by Python, not by the worker thread.
+        """
+        if self._norms is not None:
+            work = self._norms[0]
+            self._held, self._norms = self._norms, None
+            work.wait()
 
     @property
     def summed(self) -> bool:
@@ -118,8 +143,8 @@ class GradStats:
 
         if self._norms is None:
             return _dist.all_gather(self.group, self.local_sq_norm().reshape(1)).view(-1).tolist()
-        work, out = self._norms
-        self._norms = None
+        work, out, _ = self._norms
+        self._held, self._norms = self._norms, None
         work.wait()
         return torch.cat(out).tolist()
 
@@ -157,7 +182,7 @@ class GradStats:
         g = self.group
         mine = self.local_sq_norm().reshape(1).to(g.device)
         out = [torch.empty_like(mine) for _ in range(g.size)]
-        self._norms = (dist.all_gather(out, mine, group=g.handle, async_op=True), out)
+        self._norms = (dist.all_gather(out, mine, group=g.handle, async_op=True), out, mine)
 
 
 def _first(fut):
@@ -184,8 +209,9 @@ def attach(ddp_model: Any, dp_group: Any = None) -> GradStats:
     """Register the recording communication hook on a DDP model; returns its ``GradStats``.
 
     ``dp_group`` is the group the SDC checks compare over (default: the DDP model's own group).
-    Raises ``TypeError`` for a model that is not ``DistributedDataParallel`` and, on CUDA,
-    ``RuntimeError`` unless ``CUBLAS_WORKSPACE_CONFIG`` is set for deterministic cuBLAS.
+    Raises ``TypeError`` for a model that is not ``DistributedDataParallel``; ``RuntimeError``
+    on CUDA unless ``CUBLAS_WORKSPACE_CONFIG`` is set for deterministic cuBLAS, and for a model
+    that is already attached or has another communication hook (DDP takes one).
     """
     from torch.nn.parallel import DistributedDataParallel
 
@@ -199,7 +225,20 @@ def attach(ddp_model: Any, dp_group: Any = None) -> GradStats:
         problem = cublas_config_problem()
         if problem:
             raise RuntimeError(problem)
+    if getattr(ddp_model, _ATTACHED, None) is not None:
+        raise RuntimeError(
+            "gpu_monitor.sdc.attach: this DDP model is already attached (DDP takes one "
+            "communication hook per model): call attach once and keep the GradStats it returned"
+        )
     group = _dist.group_of(dp_group if dp_group is not None else ddp_model.process_group)
     stats = GradStats(ddp_model, group)
-    ddp_model.register_comm_hook(stats, _hook)
+    try:
+        ddp_model.register_comm_hook(stats, _hook)
+    except RuntimeError as e:  # DDP's own words: "... can only be called once."
+        raise RuntimeError(
+            "gpu_monitor.sdc.attach: DDP refused the SDC communication hook - this model already "
+            "has one (register_comm_hook or a built-in hook was called before); the SDC checks "
+            f"need their own hook, so remove the other one ({e})"
+        ) from e
+    setattr(ddp_model, _ATTACHED, stats)
     return stats

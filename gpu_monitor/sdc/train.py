@@ -16,6 +16,10 @@ Guarantees:
    and ``optimizer.step()`` is not called. A weights alarm blocks the checkpoint.
 3. ``save_checkpoint`` is called only on checkpoint steps with no alarm, with the last passing
    audit and weight-check steps as tags.
+4. When ``train`` returns (no alarm, or an alarm), every collective it started has completed
+   on every rank: the hook's norm all-gather is waited for (``GradStats.settle``) and one last
+   synchronous 1-element all-reduce lets no rank return while another is still inside one of
+   ``train``'s collectives. A script that exits right after an alarm leaves nothing in flight.
 """
 
 from __future__ import annotations
@@ -286,18 +290,14 @@ class _Loop:
             self.stats.audits += int(audit)
         if fire_nonfinite or (ring and ring["pairs"]):
             self.opt.zero_grad(set_to_none=True)
-            firsts = []
-            if fire_nonfinite:
-                firsts.append(step)
-            if audit and ring["pairs"]:
-                firsts.append(
-                    self.start_step if self.last_audit_pass is None else self.last_audit_pass + 1
-                )
+            # The window starts after the last passing audit, for a NaN too: a finite
+            # corruption before it passes check 1 and only an audit would have excluded it.
+            first = self.start_step if self.last_audit_pass is None else self.last_audit_pass + 1
             note = ring["note"]
             if fire_nonfinite and not ring["pairs"]:
                 note = _REPRODUCED_NOTE
             return loss, bad, self._alarm(
-                step, COMPUTE, min(firsts), applied=False,
+                step, COMPUTE, first, applied=False,
                 nonfinite=nonfinite if fire_nonfinite else [],
                 pairs=ring["pairs"], culprits=ring["culprits"], verdict_rows=ring["verdicts"],
                 note=note, audit="deterministic" if det else "loss",
@@ -389,18 +389,26 @@ def train(
                  sched, int(start_step), scaler, micro_steps, on_step)
     layout = ring_layout(stats.group.handle, sched.peer_offset)
     loop.nodes, loop.off, loop.single_node = list(layout.nodes), layout.offset, layout.single_node
-    if sched.check_every or sched.check_on_checkpoint:
-        alarm = loop._weights(int(start_step), preflight=True)
-        if alarm:
-            return alarm
+    together = False  # True on the paths every rank takes together (guarantee 1)
     try:
+        if sched.check_every or sched.check_on_checkpoint:
+            alarm = loop._weights(int(start_step), preflight=True)
+            if alarm:
+                together = True
+                return alarm
         for i, batch in enumerate(batches):
             alarm = loop.step(int(start_step) + i, batch)
             if alarm:
+                together = True
                 return alarm
+        together = True
+        return None
     finally:
+        if together:
+            # Guarantee 4: nothing of train's is in flight when it returns, on any rank.
+            stats.settle()
+            _dist.rendezvous(stats.group)
         stats.end_step()
-    return None
 
 
 def clip_averaged(stats: GradStats, max_norm: float | None):

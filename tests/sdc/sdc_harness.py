@@ -157,6 +157,8 @@ def run_scenario(sc: dict, rank: int, world: int) -> dict:
         return run_divergent(sc, rank)
     if sc.get("kind") == "equivalence":
         return run_equivalence(sc, rank)
+    if sc.get("kind") == "double_attach":
+        return run_double_attach()
 
     model = make_model(unused=sc.get("unused", False))
     ddp = DDP(model, find_unused_parameters=sc.get("unused", False))
@@ -235,6 +237,9 @@ def run_scenario(sc: dict, rank: int, world: int) -> dict:
                       save_checkpoint, sched, start_step=start, scaler=scaler,
                       micro_steps=micro, on_step=on_step if sc.get("on_step") else None)
     out["counters"] = {k: getattr(stats, k) for k in COUNTERS}
+    # train's guarantee 4: nothing it started is in flight when it returns
+    out["in_flight_after"] = stats._norms is not None or (
+        stats._held is not None and not stats._held[0].is_completed())
     out["warnings"] = [str(w.message) for w in caught if "gpu_monitor.sdc" in str(w.message)]
     out["alarm"] = alarm
     out["det_restored"] = torch.are_deterministic_algorithms_enabled() == det_before
@@ -383,6 +388,27 @@ def run_equivalence(sc: dict, rank: int) -> dict:
     out["own_loop_grads_equal"] = all(torch.equal(a.grad, b.grad) for a, b in pairs)
     out["own_loop_max_diff"] = max(float((a.grad - b.grad).abs().max()) for a, b in pairs)
     out["can_fold_half"] = attach(DDP(make_model().to(torch.bfloat16))).can_fold
+    return out
+
+
+def run_double_attach() -> dict:
+    """attach twice on one model, and attach on a model with another communication hook."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from gpu_monitor.sdc import attach
+
+    out = {}
+    ddp = DDP(make_model())
+    attach(ddp)
+    other = DDP(make_model())
+    other.register_comm_hook(None, allreduce_hook)
+    for key, model in (("twice", ddp), ("other_hook", other)):
+        try:
+            attach(model)
+            out[key] = None
+        except RuntimeError as e:
+            out[key] = str(e)
     return out
 
 

@@ -32,6 +32,7 @@ SIX = [
     {"name": "peer_offset_not_ranks_per_node", "sched": dict(S, peer_offset=4), "steps": 2},
     {"name": "scaler_skips_nan_step", "sched": S, "steps": 12, "scaler": True,
      "faults": [{"type": "forward", "ranks": [3], "value": "nan", "scope": "own", "at": 5}]},
+    {"name": "double_attach", "kind": "double_attach"},
     {"name": "dtype_mix_agree", "kind": "divergent"},
     {"name": "dtype_mix_rank4_differs", "kind": "divergent", "differ": [(4, 1, 7.0)]},
     {"name": "dtype_mix_split", "kind": "divergent",
@@ -198,6 +199,14 @@ def test_world_of_two_nan_is_still_named_by_the_nonfinite_check(two):
     assert a["step"] == 2 and a["nonfinite"] == [1] and a["named"] == [1]
     assert a["verdicts"] == [{"pair": (1, 0), "third": None, "suspect": None,
                               "kind": "unattributable"}]
+
+
+def test_attaching_twice_or_over_another_hook_says_what_to_do(six):
+    for res in six["double_attach"]:
+        assert "error" not in res, res.get("trace")
+        assert res["twice"].startswith("gpu_monitor.sdc.attach: this DDP model is already attached")
+        assert "keep the GradStats" in res["twice"]
+        assert "already has one" in res["other_hook"] and "only be called once" in res["other_hook"]
 
 
 def test_attach_refuses_a_model_that_is_not_ddp():

@@ -106,7 +106,9 @@ def test_nan_in_forward_once_is_named_by_the_nonfinite_check_and_confirmed_trans
     assert a["mismatched_pairs"] == [(3, 1)]  # the ring replay ran on a non-audit step too
     assert a["culprits"] == []
     assert a["verdicts"] == [{"pair": (3, 1), "third": 5, "suspect": 3, "kind": "transient"}]
-    assert a["suspect_window"] == [13, 13]
+    # from the step after the last passing audit (9): finite corruption before the NaN passes
+    # check 1, so only an audit excludes it
+    assert a["suspect_window"] == [10, 13] and a["last_audit_pass"] == 9
     assert a["named"] == [3]
     assert 13 not in applied(runs) and applied(runs) == list(range(13))
     assert all(res["saves"] == [] for res in runs)
@@ -122,7 +124,7 @@ def test_nan_alarm_report_names_the_node_of_rank_3(spawned):
         {"rank": 3, "node": "node1", "gpu_uuid": None,
          "roles": ["nonfinite", "suspect:transient"]}
     ]
-    assert report["suspect_window"] == [13, 13]
+    assert report["suspect_window"] == [10, 13]
 
 
 @pytest.mark.parametrize("name, audit", [("x1000_persistent", "deterministic"),
@@ -237,6 +239,11 @@ def test_a_nan_in_one_ranks_reduced_gradient_names_no_rank_and_is_not_applied(ta
     assert a["nonfinite"] == [] and a["named"] == [] and a["mismatched_pairs"] == []
     assert a["suspect_window"] == [13, 13]
     assert applied(runs) == list(range(13))  # no rank stepped, not even the healthy ones
+
+
+def test_no_collective_of_train_is_in_flight_when_it_returns(table):
+    for name, runs in table.items():
+        assert not any(res["in_flight_after"] for res in runs), name
 
 
 def test_deterministic_settings_are_restored_after_every_run(table):
