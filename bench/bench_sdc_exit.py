@@ -16,6 +16,7 @@ and the abort rate, with the exit status of every aborted rank.
 
 Usage: PYTHONPATH=$PWD python bench/bench_sdc_exit.py [--runs 50] [--procs 6] [--per-node 2]
        [--destroy]  (call destroy_process_group before leaving: what the script can do itself)
+       [--report DIR]  (rank 0 writes the report before leaving, as the quick start does)
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from _util import free_port  # noqa: E402
 ALARM_EXIT = 3  # a rank that saw the alarm leaves with this status
 
 
-def _rank(rank: int, world: int, port: int, per_node: int, culprit: int, destroy: bool) -> None:
+def _rank(rank: int, world: int, port: int, per_node: int, culprit: int, destroy: bool,
+          report: str | None) -> None:
     """One training process; never returns (raises SystemExit like a training script)."""
     from datetime import timedelta
 
@@ -41,7 +43,7 @@ def _rank(rank: int, world: int, port: int, per_node: int, culprit: int, destroy
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from gpu_monitor.sdc import Schedule, attach, train
+    from gpu_monitor.sdc import Schedule, attach, rank_map, train, write_report
 
     torch.set_num_threads(1)
     os.environ["NODE_NAME"] = f"node{rank // per_node}"
@@ -52,6 +54,7 @@ def _rank(rank: int, world: int, port: int, per_node: int, culprit: int, destroy
                           nn.Linear(256, 8))
     ddp = DDP(model, bucket_cap_mb=0.1)  # several buckets, as a real model has
     stats = attach(ddp)
+    where = rank_map()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
     def batch(step, r):
@@ -68,6 +71,8 @@ def _rank(rank: int, world: int, port: int, per_node: int, culprit: int, destroy
     sched = Schedule(audit_every=5, check_every=5, ckpt_every=0, peer_offset=per_node)
     alarm = train(ddp, stats, opt, (batch(s, rank) for s in range(10)), compute_loss, batch,
                   None, sched)
+    if alarm is not None and report and rank == 0:  # as the quick start does, before leaving
+        write_report(alarm, where, path=report)
     if destroy:
         dist.destroy_process_group()
     if alarm is None:
@@ -75,7 +80,8 @@ def _rank(rank: int, world: int, port: int, per_node: int, culprit: int, destroy
     raise SystemExit(ALARM_EXIT)
 
 
-def one_run(procs: int, per_node: int, culprit: int, destroy: bool) -> list[int]:
+def one_run(procs: int, per_node: int, culprit: int, destroy: bool,
+            report: str | None) -> list[int]:
     """Fork the ranks of one run; every rank's wait status decoded (signal: negative)."""
     port = free_port()
     pids = []
@@ -84,7 +90,7 @@ def one_run(procs: int, per_node: int, culprit: int, destroy: bool) -> list[int]
         if pid == 0:
             os.environ.pop("SDC_BENCH_PARENT", None)
             try:
-                _rank(r, procs, port, per_node, culprit, destroy)
+                _rank(r, procs, port, per_node, culprit, destroy, report)
             except SystemExit:
                 raise
             except BaseException:  # a crash inside training: report it as status 1
@@ -107,6 +113,8 @@ def main() -> None:
     ap.add_argument("--per-node", type=int, default=2)
     ap.add_argument("--culprit", type=int, default=3)
     ap.add_argument("--destroy", action="store_true")
+    ap.add_argument("--report", metavar="DIR",
+                    help="rank 0 writes the alarm's report there before leaving (the quick start)")
     args = ap.parse_args()
     import torch  # noqa: F401 - imported once here; the forked ranks inherit it
 
@@ -115,13 +123,14 @@ def main() -> None:
     t0 = time.perf_counter()
     alarm_runs = aborted = 0
     statuses: list[list[int]] = []
-    for _ in range(args.runs):
-        codes = one_run(args.procs, args.per_node, args.culprit, args.destroy)
+    for i in range(args.runs):
+        codes = one_run(args.procs, args.per_node, args.culprit, args.destroy, args.report)
         if all(c == ALARM_EXIT or c < 0 for c in codes) and ALARM_EXIT in codes:
             alarm_runs += 1
         if any(c < 0 for c in codes):
             aborted += 1
             statuses.append(codes)
+        print(f"run {i}: {'ABORT' if any(c < 0 for c in codes) else 'ok'} {codes}", flush=True)
     wall = time.perf_counter() - t0
     names = {-int(s): s.name for s in signal.Signals}
     print(f"runs {args.runs}  procs {args.procs}  destroy_process_group {args.destroy}")

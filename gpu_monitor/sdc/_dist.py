@@ -70,9 +70,19 @@ def any_rank(g: Group, flag: bool) -> bool:
     return bool(t.item())
 
 
-def rendezvous(g: Group) -> None:
-    """Return only when every rank of the group got here (one synchronous 1-element all-reduce)."""
-    any_rank(g, False)
+def rendezvous(g: Group) -> Any:
+    """Return only when every rank of the group got here (one synchronous 1-element all-reduce).
+
+    Returns the tensor it reduced: the caller keeps it referenced, because gloo's worker thread
+    may still hold the completed work for a moment after the wait returns, and the last
+    reference to a Python-made tensor must not be the worker's at interpreter shutdown.
+    """
+    import torch
+    import torch.distributed as dist
+
+    t = torch.zeros(1, dtype=torch.int32, device=g.device)
+    dist.all_reduce(t, group=g.handle)
+    return t
 
 
 def all_gather_strings(g: Group, *texts: str) -> list[tuple[str, ...]]:

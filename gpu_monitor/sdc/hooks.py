@@ -74,6 +74,7 @@ class GradStats:
         self._sq: list[Any] = []
         self._norms: Any = None  # (work, [tensor per rank], mine) of the in-flight norm all-gather
         self._held: Any = None  # the last completed one, kept referenced until the next step
+        self._kept: Any = None  # the tensor of train's last collective, likewise
         self.grad_fps: Any = None
         self.seen: set[int] = set()
         self.buckets = 0
@@ -104,6 +105,10 @@ class GradStats:
         self.in_train = False
         if self._norms is not None:
             self._held, self._norms = self._norms, None
+
+    def keep(self, tensor: Any) -> None:
+        """Hold a collective's tensor until the next step (see ``settle``)."""
+        self._kept = tensor
 
     def settle(self) -> None:
         """Wait for every collective the hook started (``train`` calls it before returning).

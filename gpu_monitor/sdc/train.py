@@ -407,7 +407,7 @@ def train(
         if together:
             # Guarantee 4: nothing of train's is in flight when it returns, on any rank.
             stats.settle()
-            _dist.rendezvous(stats.group)
+            stats.keep(_dist.rendezvous(stats.group))
         stats.end_step()
 
 
