@@ -70,9 +70,39 @@ def any_rank(g: Group, flag: bool) -> bool:
     return bool(t.item())
 
 
-def all_gather_objects(g: Group, obj) -> list:
+def rendezvous(g: Group) -> Any:
+    """Return only when every rank of the group got here (one synchronous 1-element all-reduce).
+
+    Returns the tensor it reduced: the caller keeps it referenced, because gloo's worker thread
+    may still hold the completed work for a moment after the wait returns, and the last
+    reference to a Python-made tensor must not be the worker's at interpreter shutdown.
+    """
+    import torch
     import torch.distributed as dist
 
-    out: list = [None] * g.size
-    dist.all_gather_object(out, obj, group=g.handle)
-    return out
+    t = torch.zeros(1, dtype=torch.int32, device=g.device)
+    dist.all_reduce(t, group=g.handle)
+    return t
+
+
+def all_gather_strings(g: Group, *texts: str) -> list[tuple[str, ...]]:
+    """Every rank's ``texts`` (group order), through tensor collectives only.
+
+    Why not ``all_gather_object``: torch's object collectives pickle through numpy, which the CPU
+    torch wheel does not bring, so a training environment without numpy would fail inside
+    ``train``. Two all-gathers: the byte lengths, then the NUL-joined UTF-8 bytes padded to the
+    longest. Every rank must pass the same number of texts, none containing NUL.
+    """
+    import torch
+
+    data = "\0".join(texts).encode()
+    length = torch.tensor([len(data)], dtype=torch.int64)
+    lengths = all_gather(g, length).view(-1).tolist()
+    buf = torch.zeros(max(1, *lengths), dtype=torch.uint8)
+    if data:
+        buf[: len(data)] = torch.tensor(list(data), dtype=torch.uint8)
+    table = all_gather(g, buf).cpu()
+    return [
+        tuple(bytes(table[r, : lengths[r]].tolist()).decode().split("\0"))
+        for r in range(g.size)
+    ]

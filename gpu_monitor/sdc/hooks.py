@@ -22,6 +22,7 @@ from gpu_monitor.sdc.fingerprint import fingerprints
 __all__ = ["GradStats", "attach", "cublas_config_problem"]
 
 _DETERMINISTIC_CUBLAS = (":4096:8", ":16:8")
+_ATTACHED = "_gpu_monitor_sdc_stats"  # set on a DDP model by attach()
 
 
 def cublas_config_problem(environ=None) -> str | None:
@@ -50,6 +51,12 @@ class GradStats:
     norm (so it needs no synchronisation point of its own), and for fp32/fp64 gradients it leaves
     the division out: the buckets are all-reduced as sums and ``train`` folds ``1/size`` into the
     multiply that clips them (``summed`` says so), saving a read and a write of every gradient.
+
+    Progress of ``train`` (readable while training, e.g. from ``on_step``, and after it
+    returned; cumulative over every ``train`` call on this object): ``steps`` completed without
+    an alarm, ``audits`` (ring audits run on audit steps) and ``weight_checks`` (weight
+    comparisons run, the one before the first step included), ``last_step`` (the last step
+    completed), ``last_audit_pass`` and ``last_weight_check_pass`` (None until one passed).
     """
 
     def __init__(self, ddp_model: Any, group: _dist.Group) -> None:
@@ -65,23 +72,58 @@ class GradStats:
         self.record_fingerprints = False
         self.in_train = False
         self._sq: list[Any] = []
-        self._norms: Any = None  # (work, [tensor per rank]) of the in-flight norm all-gather
+        self._norms: Any = None  # (work, [tensor per rank], mine) of the in-flight norm all-gather
+        self._held: Any = None  # the last completed one, kept referenced until the next step
+        self._kept: Any = None  # the tensor of train's last collective, likewise
         self.grad_fps: Any = None
         self.seen: set[int] = set()
         self.buckets = 0
+        self.steps = 0
+        self.audits = 0
+        self.weight_checks = 0
+        self.last_step: int | None = None
+        self.last_audit_pass: int | None = None
+        self.last_weight_check_pass: int | None = None
 
     def begin_step(self, record_fingerprints: bool, in_train: bool = False) -> None:
         self.record_fingerprints = record_fingerprints
         self.in_train = in_train
         self._sq = []
         self._norms = None
+        self._held = None
         self.buckets = 0
         self.grad_fps = None
 
     def end_step(self) -> None:
-        """Back to the stock behaviour (the caller's own loop gets averaged gradients)."""
+        """Back to the stock behaviour (the caller's own loop gets averaged gradients).
+
+        A norm all-gather still in flight (only after an exception inside a step: ``train``
+        calls ``settle`` on its other paths) is not waited for - the other ranks may never have
+        started theirs - but stays referenced, so that its tensors are not left to gloo's
+        worker thread alone.
+        """
         self.in_train = False
-        self._norms = None
+        if self._norms is not None:
+            self._held, self._norms = self._norms, None
+
+    def keep(self, tensor: Any) -> None:
+        """Hold a collective's tensor until the next step (see ``settle``)."""
+        self._kept = tensor
+
+    def settle(self) -> None:
+        """Wait for every collective the hook started (``train`` calls it before returning).
+
+        Why: a work handle left in flight when ``train`` returns is still being run by gloo's
+        worker thread when a training script exits right after an alarm; a worker thread that
+        releases Python-owned tensors during interpreter shutdown aborts the process
+        (``terminate called without an active exception``), hiding the alarm. The completed
+        work and its tensors stay referenced here until the next step, so that the last
+        reference is dropped by Python, not by the worker thread.
+        """
+        if self._norms is not None:
+            work = self._norms[0]
+            self._held, self._norms = self._norms, None
+            work.wait()
 
     @property
     def summed(self) -> bool:
@@ -106,8 +148,8 @@ class GradStats:
 
         if self._norms is None:
             return _dist.all_gather(self.group, self.local_sq_norm().reshape(1)).view(-1).tolist()
-        work, out = self._norms
-        self._norms = None
+        work, out, _ = self._norms
+        self._held, self._norms = self._norms, None
         work.wait()
         return torch.cat(out).tolist()
 
@@ -145,7 +187,7 @@ class GradStats:
         g = self.group
         mine = self.local_sq_norm().reshape(1).to(g.device)
         out = [torch.empty_like(mine) for _ in range(g.size)]
-        self._norms = (dist.all_gather(out, mine, group=g.handle, async_op=True), out)
+        self._norms = (dist.all_gather(out, mine, group=g.handle, async_op=True), out, mine)
 
 
 def _first(fut):
@@ -172,8 +214,9 @@ def attach(ddp_model: Any, dp_group: Any = None) -> GradStats:
     """Register the recording communication hook on a DDP model; returns its ``GradStats``.
 
     ``dp_group`` is the group the SDC checks compare over (default: the DDP model's own group).
-    Raises ``TypeError`` for a model that is not ``DistributedDataParallel`` and, on CUDA,
-    ``RuntimeError`` unless ``CUBLAS_WORKSPACE_CONFIG`` is set for deterministic cuBLAS.
+    Raises ``TypeError`` for a model that is not ``DistributedDataParallel``; ``RuntimeError``
+    on CUDA unless ``CUBLAS_WORKSPACE_CONFIG`` is set for deterministic cuBLAS, and for a model
+    that is already attached or has another communication hook (DDP takes one).
     """
     from torch.nn.parallel import DistributedDataParallel
 
@@ -187,7 +230,20 @@ def attach(ddp_model: Any, dp_group: Any = None) -> GradStats:
         problem = cublas_config_problem()
         if problem:
             raise RuntimeError(problem)
+    if getattr(ddp_model, _ATTACHED, None) is not None:
+        raise RuntimeError(
+            "gpu_monitor.sdc.attach: this DDP model is already attached (DDP takes one "
+            "communication hook per model): call attach once and keep the GradStats it returned"
+        )
     group = _dist.group_of(dp_group if dp_group is not None else ddp_model.process_group)
     stats = GradStats(ddp_model, group)
-    ddp_model.register_comm_hook(stats, _hook)
+    try:
+        ddp_model.register_comm_hook(stats, _hook)
+    except RuntimeError as e:  # DDP's own words: "... can only be called once."
+        raise RuntimeError(
+            "gpu_monitor.sdc.attach: DDP refused the SDC communication hook - this model already "
+            "has one (register_comm_hook or a built-in hook was called before); the SDC checks "
+            f"need their own hook, so remove the other one ({e})"
+        ) from e
+    setattr(ddp_model, _ATTACHED, stats)
     return stats

@@ -42,7 +42,10 @@ __all__ = [
     "majority",
     "mismatched_pairs",
     "plan_confirmations",
+    "ranks_per_node",
     "replayer_of",
+    "ring_offset",
+    "single_node",
     "software_problem",
     "target_of",
     "topology_problems",
@@ -153,11 +156,39 @@ def choose_third(
     return off_target[0] if off_target else None
 
 
+def single_node(nodes: Sequence[str]) -> bool:
+    """Whether every rank of a group of at least 2 is on one node (the common 8-GPU job)."""
+    return len(nodes) >= 2 and len(set(nodes)) == 1
+
+
+def ring_offset(nodes: Sequence[str], peer_offset: int) -> int:
+    """The ring offset a layout runs with: ``peer_offset``, except on a single node where it
+    would make ranks replay themselves (``peer_offset`` = ranks per node, the multi-node
+    setting): there the ring goes to the next GPU (offset 1)."""
+    if single_node(nodes) and peer_offset % len(nodes) == 0:
+        return 1
+    return peer_offset
+
+
+def ranks_per_node(nodes: Sequence[str]) -> int | None:
+    """The number of ranks on each node, None when nodes hold different numbers."""
+    counts = set(Counter(nodes).values())
+    return counts.pop() if len(counts) == 1 else None
+
+
 def topology_problems(nodes: Sequence[str], peer_offset: int) -> list[str]:
-    """Why a layout cannot be audited (empty when it can): replayer or third on the target's node."""
+    """Why a layout cannot be audited (empty when it can): replayer or third on the target's node.
+
+    A group on a single node is accepted (replays run across the node's GPUs, with
+    ``ring_offset``; the third of a pair is then another GPU of the same node, so callers plan
+    confirmations with ``nodes=None``). Where the layout spans nodes, a replayer or a confirming
+    third on its target's node is refused.
+    """
     n = len(nodes)
     if n < 2:
         return [f"the ring replay needs at least 2 ranks, got {n}"]
+    if single_node(nodes):
+        return []
     if peer_offset % n == 0:
         return [f"peer_offset={peer_offset} is a multiple of the world size {n}: ranks replay themselves"]
     problems = []

@@ -5,7 +5,7 @@ for that micro-batch" without disturbing training: no collectives (the DDP wrapp
 and the caller's gradients, module buffers and RNG state are exactly as before afterwards.
 
 A result row is int64 ``[6]``: the loss fingerprint (3 numbers; column 0 is the loss's raw bits
-for a scalar loss) and, in deterministic mode, the fingerprint of the ``[P, 3]`` matrix of
+for a scalar loss; with gradient accumulation, of the vector of every micro-step's loss) and, in deterministic mode, the fingerprint of the ``[P, 3]`` matrix of
 per-parameter gradient fingerprints (else zeros). Two rows are equal exactly when the loss bits
 and (if compared) every gradient fingerprint agree.
 """
@@ -18,7 +18,7 @@ from typing import Any
 
 from gpu_monitor.sdc.fingerprint import fingerprints
 
-__all__ = ["deterministic_mode", "grad_digest", "replay", "result_row"]
+__all__ = ["accumulate", "deterministic_mode", "grad_digest", "replay", "result_row"]
 
 ROW = 6
 
@@ -97,6 +97,44 @@ def result_row(loss, grad_fps=None) -> Any:
     return torch.cat([loss_fp, grad_digest(grad_fps).to(loss_fp.device)])
 
 
+def accumulate(model: Any, compute_loss: Callable[[Any, Any], Any], batch: Any, micro_steps: int,
+               *, backward: bool, scale: Callable[[Any], Any] | None = None,
+               no_sync: Callable[[], Any] | None = None) -> Any:
+    """Forward (and ``backward``) of one step: the loss, or the vector of micro-step losses.
+
+    ``micro_steps == 1``: ``batch`` is the step's one micro-batch and the loss is returned as
+    ``compute_loss`` made it. Otherwise ``batch`` is the sequence of ``micro_steps``
+    micro-batches; each micro-step's loss is divided by ``micro_steps`` before its backward (the
+    gradients accumulate to the mean, as nanoGPT's loop makes them) and every micro-step but the
+    last runs under ``no_sync()`` (DDP: no all-reduce until the last). Training and replay both
+    come through here, so a replay accumulates in exactly the training step's order.
+    """
+    import torch
+
+    def back(loss) -> None:
+        if backward:
+            (scale(loss) if scale else loss).backward()
+
+    if micro_steps == 1:
+        loss = compute_loss(model, batch)
+        back(loss)
+        return loss
+    micro = list(batch)
+    if len(micro) != micro_steps:
+        raise ValueError(
+            f"gpu_monitor.sdc: micro_steps={micro_steps} but the step's batch holds {len(micro)} "
+            "micro-batches (batches and rebuild_batch must give a sequence of micro_steps of them)"
+        )
+    losses = []
+    for i, mb in enumerate(micro):
+        last = i == micro_steps - 1
+        with contextlib.nullcontext() if last or no_sync is None else no_sync():
+            loss = compute_loss(model, mb)
+            back(loss / micro_steps)
+        losses.append(loss.detach().reshape(()))
+    return torch.stack(losses)
+
+
 def _rng_state() -> tuple:
     import torch
 
@@ -121,6 +159,7 @@ def replay(
     with_grads: bool,
     grad_rows: Sequence[int] | None = None,
     scale: Callable[[Any], Any] | None = None,
+    micro_steps: int = 1,
 ) -> Any:
     """Forward (and, ``with_grads``, backward) of ``batch`` on ``module``; the result row.
 
@@ -129,6 +168,8 @@ def replay(
     fills; others stay zero, like the hook's). A parameter the batch does not reach counts as a
     zero gradient, which is what DDP's buckets hold for it with ``find_unused_parameters``.
     ``scale`` maps the loss to what backward is called on (a grad scaler's ``scale``).
+    ``micro_steps > 1``: ``batch`` is the step's micro-batches, every one recomputed and its
+    gradient accumulated as in training (``accumulate``).
     """
     import torch
 
@@ -139,10 +180,10 @@ def replay(
         for p in params:
             p.grad = None
         with torch.enable_grad():
-            loss = compute_loss(module, batch)
+            loss = accumulate(module, compute_loss, batch, micro_steps, backward=with_grads,
+                              scale=scale)
             if not with_grads:
                 return result_row(loss)
-            (scale(loss) if scale else loss).backward()
         rows = range(len(params)) if grad_rows is None else sorted(grad_rows)
         grads = []
         for i in rows:

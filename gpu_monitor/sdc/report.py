@@ -110,6 +110,7 @@ def build_report(
         "last_weight_check_pass": alarm.get("last_weight_check_pass"),
         "applied": alarm.get("applied"),
         "note": alarm.get("note"),
+        "single_node": bool(alarm.get("single_node", False)),
         "time": now or _now(),
     }
 

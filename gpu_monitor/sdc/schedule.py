@@ -26,7 +26,9 @@ class Schedule:
       fingerprints too (catches backward-only faults; costs more); else the loss only.
     - ``check_every``: weight fingerprint comparisons after ``optimizer.step()`` (0: never).
     - ``ckpt_every``: ``save_checkpoint`` calls (0: never).
-    - ``peer_offset``: ranks per node; rank r replays rank r + peer_offset (another node).
+    - ``peer_offset``: ranks per node; rank r replays rank r + peer_offset (another node). A
+      layout spanning nodes with another number of ranks per node warns; a group on one node
+      replays on the next GPU where peer_offset is a multiple of the group size.
     - ``check_on_checkpoint``: a weight comparison before every checkpoint, whatever
       ``check_every`` says (the only check that can block a corrupted checkpoint).
     - ``max_grad_norm``: gradient clipping threshold (None: no clipping; the reduced gradient

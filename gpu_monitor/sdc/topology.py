@@ -1,25 +1,56 @@
 """Where each rank runs: node names for the ring layout check and GPU UUIDs for the report.
 
 Why: a replay on the same node as the original shares the node's failure modes (a bad NVSwitch,
-a bad driver, the same power event) and would confirm a wrong result, so the layout is refused
-before training. And an alarm must name hardware, not rank numbers: the report joins ranks to
-nodes and GPU UUIDs gathered here.
+a bad driver, the same power event) and would confirm a wrong result, so a layout that spans
+nodes but puts a replayer (or a confirming third) on its target's node is refused before
+training. A group that lives on one node (the common 8-GPU job) has no other node to replay on:
+it is accepted, the ring runs across the node's GPUs, and alarms say that the confirmation is not
+independent across nodes. An alarm must name hardware, not rank numbers: the report joins ranks
+to nodes and GPU UUIDs gathered here.
+
+Node names come from ``$NODE_NAME`` (the Kubernetes downward API), else ``$SLURMD_NODENAME``
+(set by slurmd in every task), else the host name; the refusal names which one each rank used.
+Only tensor collectives are used (``_dist.all_gather_strings``), so no numpy is needed.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from gpu_monitor.sdc import _dist
-from gpu_monitor.sdc.localize import topology_problems
+from gpu_monitor.sdc.localize import ranks_per_node, ring_offset, single_node, topology_problems
 
-__all__ = ["check_topology", "gpu_uuid", "node_name", "rank_map"]
+__all__ = [
+    "Layout",
+    "check_topology",
+    "gpu_uuid",
+    "node_identity",
+    "node_name",
+    "rank_map",
+    "refusal_message",
+    "ring_layout",
+]
+
+NODE_ENV = ("NODE_NAME", "SLURMD_NODENAME")
+HOSTNAME_SOURCE = "the host name ($NODE_NAME and $SLURMD_NODENAME unset)"
+
+
+def node_identity(environ: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """(node name, where it came from): ``$NODE_NAME``, ``$SLURMD_NODENAME``, else the host name."""
+    env = os.environ if environ is None else environ
+    for key in NODE_ENV:
+        if env.get(key):
+            return str(env[key]), f"${key}"
+    return socket.gethostname(), HOSTNAME_SOURCE
 
 
 def node_name() -> str:
-    """``$NODE_NAME`` (set from the downward API in Kubernetes), else the host name."""
-    return os.environ.get("NODE_NAME") or socket.gethostname()
+    """This rank's node name (see ``node_identity``)."""
+    return node_identity()[0]
 
 
 def gpu_uuid() -> str | None:
@@ -39,23 +70,70 @@ def gpu_uuid() -> str | None:
         return None
 
 
+@dataclass(frozen=True)
+class Layout:
+    """How the ring runs over a group: node per group rank, the offset used, one node or many."""
+
+    nodes: tuple[str, ...]
+    offset: int
+    single_node: bool
+    sources: tuple[str, ...]  # where each rank's node name came from
+
+
+def refusal_message(problems: Sequence[str], sources: Sequence[str], size: int,
+                    peer_offset: int) -> str:
+    """The ``ValueError`` text for a refused layout (pure, so its wording is tested alone)."""
+    shown = "; ".join(problems[:4]) + (f"; ... ({len(problems)} in all)" if len(problems) > 4 else "")
+    used = sorted(set(sources))
+    advice = (
+        "Set peer_offset to the number of ranks per node and launch ranks node by node."
+    )
+    if HOSTNAME_SOURCE in used:
+        advice += (
+            " Where the host name is not the node's (a pod's host name is the pod's), set "
+            "NODE_NAME from the downward API (spec.nodeName)."
+        )
+    return (
+        f"SDC ring layout refused (world {size}, peer_offset {peer_offset}; node names from "
+        f"{' and '.join(used)}): {shown}. {advice}"
+    )
+
+
+def ring_layout(dp_group=None, peer_offset: int = 8) -> Layout:
+    """The ring's layout over ``dp_group``; raises ``ValueError`` on every rank when refused.
+
+    A collective. Warns (on group rank 0) when the layout spans nodes with equal ranks per node
+    and ``peer_offset`` is not that number: the layout is still valid, but the usual rule
+    (rank r replays r + ranks-per-node) was probably meant.
+    """
+    g = _dist.group_of(dp_group)
+    name, source = node_identity()
+    rows = _dist.all_gather_strings(g, name, source)
+    nodes = tuple(r[0] for r in rows)
+    sources = tuple(r[1] for r in rows)
+    problems = topology_problems(nodes, peer_offset)
+    if problems:
+        raise ValueError(refusal_message(problems, sources, g.size, peer_offset))
+    one = single_node(nodes)
+    per_node = ranks_per_node(nodes)
+    if not one and per_node is not None and per_node != peer_offset and g.rank == 0:
+        warnings.warn(
+            f"gpu_monitor.sdc: Schedule.peer_offset={peer_offset} but the group has {per_node} "
+            f"ranks per node: rank r replays rank r + {peer_offset}; set peer_offset={per_node} "
+            "unless that is what you meant",
+            stacklevel=3,
+        )
+    return Layout(nodes, ring_offset(nodes, peer_offset), one, sources)
+
+
 def check_topology(dp_group=None, peer_offset: int = 8) -> list[str]:
-    """Refuse a layout where a replayer or a confirming third shares a node with its target.
+    """Refuse a layout that spans nodes and puts a replayer or confirming third on its target's
+    node (a group on one node is accepted).
 
     A collective over ``dp_group``: every rank raises the same ``ValueError`` or none does.
     Returns the node name of every group rank (group order).
     """
-    g = _dist.group_of(dp_group)
-    nodes = [str(x) for x in _dist.all_gather_objects(g, node_name())]
-    problems = topology_problems(nodes, peer_offset)
-    if problems:
-        shown = "; ".join(problems[:4]) + (f"; ... ({len(problems)} in all)" if len(problems) > 4 else "")
-        raise ValueError(
-            f"SDC ring layout refused (world {g.size}, peer_offset {peer_offset}; node names from "
-            f"$NODE_NAME): {shown}. Set peer_offset to the number of ranks per node and launch "
-            "ranks node by node."
-        )
-    return nodes
+    return list(ring_layout(dp_group, peer_offset).nodes)
 
 
 def rank_map(group=None) -> list[dict]:
@@ -65,7 +143,8 @@ def rank_map(group=None) -> list[dict]:
     to ``write_report`` on the rank that writes reports.
     """
     g = _dist.group_of(group)
-    import torch.distributed as dist
-
-    me = {"rank": dist.get_rank(), "node": node_name(), "gpu_uuid": gpu_uuid()}
-    return list(_dist.all_gather_objects(g, me))
+    rows = _dist.all_gather_strings(g, node_name(), gpu_uuid() or "")
+    return [
+        {"rank": g.global_ranks[r], "node": node, "gpu_uuid": uuid or None}
+        for r, (node, uuid) in enumerate(rows)
+    ]

@@ -16,6 +16,10 @@ Guarantees:
    and ``optimizer.step()`` is not called. A weights alarm blocks the checkpoint.
 3. ``save_checkpoint`` is called only on checkpoint steps with no alarm, with the last passing
    audit and weight-check steps as tags.
+4. When ``train`` returns (no alarm, or an alarm), every collective it started has completed
+   on every rank: the hook's norm all-gather is waited for (``GradStats.settle``) and one last
+   synchronous 1-element all-reduce lets no rank return while another is still inside one of
+   ``train``'s collectives. A script that exits right after an alarm leaves nothing in flight.
 """
 
 from __future__ import annotations
@@ -38,9 +42,9 @@ from gpu_monitor.sdc.localize import (
     target_of,
     verdicts,
 )
-from gpu_monitor.sdc.replay import ROW, deterministic_mode, replay, result_row
+from gpu_monitor.sdc.replay import ROW, accumulate, deterministic_mode, replay, result_row
 from gpu_monitor.sdc.schedule import Schedule
-from gpu_monitor.sdc.topology import check_topology
+from gpu_monitor.sdc.topology import ring_layout
 from gpu_monitor.sdc.weights import find_divergent_ranks
 
 __all__ = ["clip_averaged", "train"]
@@ -61,13 +65,20 @@ _NO_THIRD_NOTE = (
 )
 
 
+_SINGLE_NODE_NOTE = (
+    "the group is on one node: replays and confirmations ran on other GPUs of the same node, "
+    "so the confirmation is not independent across nodes (a node-wide fault would agree with "
+    "itself)"
+)
+
+
 class ReplayFailed(RuntimeError):
     """A replay raised on some rank; raised on every rank so none waits in a collective."""
 
 
 class _Loop:
     def __init__(self, ddp_model, stats, optimizer, compute_loss, rebuild_batch, save_checkpoint,
-                 sched, start_step, scaler) -> None:
+                 sched, start_step, scaler, micro_steps=1, on_step=None) -> None:
         self.ddp = ddp_model
         self.module = ddp_model.module
         self.stats = stats
@@ -78,8 +89,12 @@ class _Loop:
         self.sched = sched
         self.start_step = start_step
         self.scaler = scaler
+        self.micro_steps = micro_steps
+        self.on_step = on_step
         self.g: _dist.Group = stats.group
         self.nodes: list[str] = []
+        self.off = sched.peer_offset  # the ring offset (ring_layout may change it on one node)
+        self.single_node = False
         self.last_audit_pass: int | None = None
         self.last_weight_check_pass: int | None = None
 
@@ -97,6 +112,7 @@ class _Loop:
             with_grads=det,
             grad_rows=self.stats.seen,
             scale=self._scale(),
+            micro_steps=self.micro_steps,
         )
 
     def _gather_rows(self, rows, error: BaseException | None):
@@ -133,6 +149,8 @@ class _Loop:
         named = set(glob(nonfinite)) | set(glob(culprits)) | {v["suspect"] for v in vs}
         named |= set(suspects or [])
         named.discard(None)
+        if self.single_node and check == COMPUTE and (pairs or verdict_rows):
+            note = f"{note}; {_SINGLE_NODE_NOTE}" if note else _SINGLE_NODE_NOTE
         alarm = {
             "step": step,
             "check": check,
@@ -148,6 +166,7 @@ class _Loop:
             "note": note,
             "applied": applied,
             "audit": audit,
+            "single_node": self.single_node,
         }
         if tensors is not None:
             alarm["tensors"] = tensors
@@ -158,7 +177,7 @@ class _Loop:
     def _ring(self, step: int, batch, loss, det: bool) -> dict:
         import torch
 
-        g, off = self.g, self.sched.peer_offset
+        g, off = self.g, self.off
         own_fps = None
         if det:
             own_fps = self.stats.grad_fps
@@ -175,7 +194,9 @@ class _Loop:
         own_all, rep_all = self._rows(table, 0), self._rows(table, 1)
         pairs = mismatched_pairs(own_all, rep_all, off)
         loc = localize(pairs, g.size, off)
-        plans = plan_confirmations(loc.ambiguous, g.size, off, self.nodes)
+        # On one node every GPU counts as its own "node" for the choice of a third.
+        nodes = None if self.single_node else self.nodes
+        plans = plan_confirmations(loc.ambiguous, g.size, off, nodes)
         vs = self._confirm(plans, step, batch, det, own_all, rep_all)
         culprits = list(loc.culprits)
         note = loc.note
@@ -207,15 +228,16 @@ class _Loop:
             for r, work in enumerate(work_all):
                 for i, key in enumerate(work):
                     results[(r, *key)] = tuple(table[r, i].tolist())
-        return verdicts(plans, own_all, rep_all, results, g.size, self.sched.peer_offset)
+        return verdicts(plans, own_all, rep_all, results, g.size, self.off)
 
     # -- check 3 -----------------------------------------------------------------------------
 
     def _weights(self, step: int, *, preflight: bool) -> dict | None:
         res = find_divergent_ranks(list(self.module.parameters()), self.g.handle)
+        self.stats.weight_checks += 1
         if not res["diverged"]:
             if not preflight:
-                self.last_weight_check_pass = step
+                self.last_weight_check_pass = self.stats.last_weight_check_pass = step
             return None
         if preflight:
             first = step
@@ -233,6 +255,14 @@ class _Loop:
     # -- one step ----------------------------------------------------------------------------
 
     def step(self, step: int, batch) -> dict | None:
+        """One step in SPEC-SDC's order; the alarm, or None (then ``on_step`` has run)."""
+        loss, bad, alarm = self._compute(step, batch)
+        if alarm is not None:
+            return alarm
+        return self._apply(step, loss, bad)
+
+    def _compute(self, step: int, batch):
+        """Checks 0-2: forward and backward, check 1, the ring. (loss, reduced bad, alarm)."""
         import torch
 
         sched, g = self.sched, self.g
@@ -241,8 +271,10 @@ class _Loop:
         self.stats.begin_step(record_fingerprints=det, in_train=True)
         self.opt.zero_grad(set_to_none=True)
         with deterministic_mode(det):
-            loss = self.compute_loss(self.ddp, batch)
-            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            # One loss, or the vector of micro-step losses; the hook sees the accumulated local
+            # gradient (DDP reduces only at the last micro-step).
+            loss = accumulate(self.ddp, self.compute_loss, batch, self.micro_steps, backward=True,
+                              scale=self._scale(), no_sync=self.ddp.no_sync)
             # Clip now (replicas' gradients are reduced; weights untouched): the multiply that
             # clips also divides gradients the hook all-reduced as sums.
             if self.scaler is not None:
@@ -255,26 +287,28 @@ class _Loop:
             bad = _dist.any_rank(g, not bool(torch.isfinite(total)))
             fire_nonfinite = bool(nonfinite) and self.scaler is None
             ring = self._ring(step, batch, loss, det) if (audit or fire_nonfinite) else None
+            self.stats.audits += int(audit)
         if fire_nonfinite or (ring and ring["pairs"]):
             self.opt.zero_grad(set_to_none=True)
-            firsts = []
-            if fire_nonfinite:
-                firsts.append(step)
-            if audit and ring["pairs"]:
-                firsts.append(
-                    self.start_step if self.last_audit_pass is None else self.last_audit_pass + 1
-                )
+            # The window starts after the last passing audit, for a NaN too: a finite
+            # corruption before it passes check 1 and only an audit would have excluded it.
+            first = self.start_step if self.last_audit_pass is None else self.last_audit_pass + 1
             note = ring["note"]
             if fire_nonfinite and not ring["pairs"]:
                 note = _REPRODUCED_NOTE
-            return self._alarm(
-                step, COMPUTE, min(firsts), applied=False,
+            return loss, bad, self._alarm(
+                step, COMPUTE, first, applied=False,
                 nonfinite=nonfinite if fire_nonfinite else [],
                 pairs=ring["pairs"], culprits=ring["culprits"], verdict_rows=ring["verdicts"],
                 note=note, audit="deterministic" if det else "loss",
             )
         if audit:
-            self.last_audit_pass = step
+            self.last_audit_pass = self.stats.last_audit_pass = step
+        return loss, bad, None
+
+    def _apply(self, step: int, loss, bad: bool) -> dict | None:
+        """Check 3 (reduced gradient), the update, check 4 (weights), checkpoint, ``on_step``."""
+        sched = self.sched
         if bad and self.scaler is None:
             self.opt.zero_grad(set_to_none=True)
             return self._alarm(step, REDUCED, step, applied=False,
@@ -300,6 +334,10 @@ class _Loop:
                     "last_weight_check_pass": self.last_weight_check_pass,
                 },
             )
+        self.stats.steps += 1
+        self.stats.last_step = step
+        if self.on_step is not None:
+            self.on_step(step, loss.detach().mean() if self.micro_steps > 1 else loss.detach())
         return None
 
 
@@ -315,6 +353,8 @@ def train(
     start_step: int = 0,
     *,
     scaler: Any = None,
+    micro_steps: int = 1,
+    on_step: Callable[[int, Any], Any] | None = None,
 ) -> dict | None:
     """Run the steps of ``batches`` (numbered from ``start_step``) with the SDC checks.
 
@@ -323,6 +363,14 @@ def train(
     replay (called with the unwrapped module); ``rebuild_batch(step, rank)`` must return exactly
     the micro-batch that data-parallel rank ``rank`` (rank within the DP group) trained on at
     ``step``. ``scaler``: an fp16 ``GradScaler``; steps it skips are not alarms.
+    ``micro_steps > 1``: gradient accumulation - every item of ``batches`` and every
+    ``rebuild_batch`` result is the sequence of the step's ``micro_steps`` micro-batches; each
+    micro-step's loss is divided by ``micro_steps``, all but the last run under ``no_sync``,
+    and replays recompute every micro-step.
+    ``on_step(step, loss)``: called on every rank after each step that raised no alarm, last in
+    the step (after the update, the weight check and the checkpoint), with the detached loss
+    (the mean of the micro-step losses); the place for ``scheduler.step()``, logging and
+    evaluation. Progress counters are on ``stats`` (see ``GradStats``).
     A collective from start to end: every rank of the DP group must call it.
     """
     from torch.nn.parallel import DistributedDataParallel
@@ -335,21 +383,32 @@ def train(
         raise ValueError("stats must be the value attach(ddp_model) returned for this model")
     if not isinstance(sched, Schedule):
         raise TypeError(f"sched must be a gpu_monitor.sdc.Schedule, got {type(sched).__name__}")
+    if not isinstance(micro_steps, int) or isinstance(micro_steps, bool) or micro_steps < 1:
+        raise ValueError(f"micro_steps must be an int >= 1, got {micro_steps!r}")
     loop = _Loop(ddp_model, stats, optimizer, compute_loss, rebuild_batch, save_checkpoint,
-                 sched, int(start_step), scaler)
-    loop.nodes = check_topology(stats.group.handle, sched.peer_offset)
-    if sched.check_every or sched.check_on_checkpoint:
-        alarm = loop._weights(int(start_step), preflight=True)
-        if alarm:
-            return alarm
+                 sched, int(start_step), scaler, micro_steps, on_step)
+    layout = ring_layout(stats.group.handle, sched.peer_offset)
+    loop.nodes, loop.off, loop.single_node = list(layout.nodes), layout.offset, layout.single_node
+    together = False  # True on the paths every rank takes together (guarantee 1)
     try:
+        if sched.check_every or sched.check_on_checkpoint:
+            alarm = loop._weights(int(start_step), preflight=True)
+            if alarm:
+                together = True
+                return alarm
         for i, batch in enumerate(batches):
             alarm = loop.step(int(start_step) + i, batch)
             if alarm:
+                together = True
                 return alarm
+        together = True
+        return None
     finally:
+        if together:
+            # Guarantee 4: nothing of train's is in flight when it returns, on any rank.
+            stats.settle()
+            stats.keep(_dist.rendezvous(stats.group))
         stats.end_step()
-    return None
 
 
 def clip_averaged(stats: GradStats, max_norm: float | None):

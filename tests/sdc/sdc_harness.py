@@ -19,6 +19,7 @@ import pickle
 import socket
 import time
 import traceback
+import warnings
 from datetime import timedelta
 from typing import Any
 
@@ -33,6 +34,10 @@ class Ctx:
 
 
 CTX = Ctx()
+PER_NODE = 2  # set by ``worker``: ranks per simulated node
+COUNTERS = ("steps", "audits", "weight_checks", "last_step", "last_audit_pass",
+            "last_weight_check_pass")
+LR = 0.05
 
 
 def free_port() -> int:
@@ -73,16 +78,23 @@ def make_model(unused: bool = False):
     return TinyNet()
 
 
-def make_batch(step: int, rank: int) -> dict:
+def make_batch(step: int, rank: int, micro: int = 0) -> dict:
     import torch
 
-    g = torch.Generator().manual_seed(10007 * step + 31 * rank + 1)
+    g = torch.Generator().manual_seed(10007 * step + 31 * rank + 1 + 1000003 * micro)
     return {
         "x": torch.randn(BATCH, D_IN, generator=g),
         "y": torch.randint(0, CLASSES, (BATCH,), generator=g),
         "step": step,
         "rank": rank,
     }
+
+
+def step_batch(step: int, rank: int, micro_steps: int = 1):
+    """The step's batch: one micro-batch, or the list of ``micro_steps`` of them."""
+    if micro_steps == 1:
+        return make_batch(step, rank)
+    return [make_batch(step, rank, i) for i in range(micro_steps)]
 
 
 def compute_loss(model, batch):
@@ -145,13 +157,16 @@ def run_scenario(sc: dict, rank: int, world: int) -> dict:
         return run_divergent(sc, rank)
     if sc.get("kind") == "equivalence":
         return run_equivalence(sc, rank)
+    if sc.get("kind") == "double_attach":
+        return run_double_attach()
 
     model = make_model(unused=sc.get("unused", False))
     ddp = DDP(model, find_unused_parameters=sc.get("unused", False))
     stats = attach(ddp)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
     layer = model.blocks[1].down
-    out: dict[str, Any] = {"applied": [], "saves": [], "edits": {}, "saved_fp": {}}
+    out: dict[str, Any] = {"applied": [], "saves": [], "edits": {}, "saved_fp": {}, "lrs": [],
+                           "events": []}
     faults = sc.get("faults", [])
 
     def fwd_hook(mod, inp, output):
@@ -171,6 +186,7 @@ def run_scenario(sc: dict, rank: int, world: int) -> dict:
 
     def post_step(optimizer, args, kwargs):
         out["applied"].append(CTX.step)
+        out["lrs"].append(optimizer.param_groups[0]["lr"])
         for f in faults:
             if f["type"] == "weight" and rank in f["ranks"] and CTX.step == f["at"]:
                 before = fingerprints([layer.weight])[0].tolist()
@@ -182,20 +198,23 @@ def run_scenario(sc: dict, rank: int, world: int) -> dict:
     checkpoints: dict[int, Any] = {}
 
     def save_checkpoint(step, tags):
+        out["events"].append(("save", step))
         out["saves"].append((step, dict(tags)))
         out["saved_fp"][step] = fingerprints([p for p in model.parameters()]).sum(0).tolist()
         checkpoints[step] = (copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict()))
 
+    micro = sc.get("micro", 1)
     if sc.get("rebuild") == "different":
         def rebuild(step, r):
-            return make_batch(step, r + 1000)
+            return step_batch(step, r + 1000, micro)
     elif sc.get("rebuild") == "raises_on_2":
         def rebuild(step, r):
             if rank == 2:
                 raise OSError("the data loader of rank 2 lost its shard")
-            return make_batch(step, r)
+            return step_batch(step, r, micro)
     else:
-        rebuild = make_batch
+        def rebuild(step, r):
+            return step_batch(step, r, micro)
     scaler = torch.amp.GradScaler("cpu") if sc.get("scaler") else None
     where = rank_map() if sc.get("report") else None
     sched = Schedule(**sc["sched"])
@@ -203,11 +222,25 @@ def run_scenario(sc: dict, rank: int, world: int) -> dict:
     start = sc.get("start_step", 0)
 
     def batches(a, b):
-        return (make_batch(s, rank) for s in range(a, b))
+        return (step_batch(s, rank, micro) for s in range(a, b))
+
+    def on_step(step, loss):  # a learning-rate schedule and the loss log, as a loop has them
+        out["events"].append(("on_step", step, float(loss),
+                              {k: getattr(stats, k) for k in COUNTERS}))
+        for group in opt.param_groups:
+            group["lr"] = LR * 0.5 ** (step + 1)
 
     det_before = torch.are_deterministic_algorithms_enabled()
-    alarm = train(ddp, stats, opt, batches(start, start + steps), compute_loss, rebuild,
-                  save_checkpoint, sched, start_step=start, scaler=scaler)
+    with _scenario_env(sc.get("env", {}), rank), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        alarm = train(ddp, stats, opt, batches(start, start + steps), compute_loss, rebuild,
+                      save_checkpoint, sched, start_step=start, scaler=scaler,
+                      micro_steps=micro, on_step=on_step if sc.get("on_step") else None)
+    out["counters"] = {k: getattr(stats, k) for k in COUNTERS}
+    # train's guarantee 4: nothing it started is in flight when it returns
+    out["in_flight_after"] = stats._norms is not None or (
+        stats._held is not None and not stats._held[0].is_completed())
+    out["warnings"] = [str(w.message) for w in caught if "gpu_monitor.sdc" in str(w.message)]
     out["alarm"] = alarm
     out["det_restored"] = torch.are_deterministic_algorithms_enabled() == det_before
     restore = sc.get("restore")
@@ -223,10 +256,51 @@ def run_scenario(sc: dict, rank: int, world: int) -> dict:
         out["applied"] = []
         out["alarm"] = train(ddp, stats, opt, batches(ckpt_step + 1, ckpt_step + 1 + steps),
                              compute_loss, rebuild, save_checkpoint, sched,
-                             start_step=ckpt_step + 1)
+                             start_step=ckpt_step + 1, micro_steps=micro)
     if where is not None and rank == 0 and out["alarm"] is not None:
         out["report_path"] = write_report(out["alarm"], where, path=sc["report"])
     return out
+
+
+class _scenario_env:
+    """Environment variables for one scenario (``{node}`` in a value: this rank's node index;
+    ``None``: unset), restored afterwards."""
+
+    def __init__(self, env: dict, rank: int) -> None:
+        self.env = {k: None if v is None else v.format(node=rank // PER_NODE)
+                    for k, v in env.items()}
+        self.saved: dict = {}
+
+    def __enter__(self):
+        for k, v in self.env.items():
+            self.saved[k] = os.environ.get(k)
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        return self
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        return False
+
+
+def _forbid_object_collectives() -> None:
+    """Make torch's object collectives fail as they do without numpy (the CPU torch wheel does
+    not bring it): the library must not use them."""
+    import torch.distributed as dist
+
+    def refused(*args, **kwargs):
+        raise RuntimeError("Numpy is not available (object collectives are refused in the SDC "
+                           "tests: gpu_monitor.sdc must use tensor collectives)")
+
+    for name in ("all_gather_object", "broadcast_object_list", "gather_object",
+                 "scatter_object_list"):
+        setattr(dist, name, refused)
 
 
 def _patch_reduction(faults: list, rank: int) -> None:
@@ -279,6 +353,7 @@ def run_equivalence(sc: dict, rank: int) -> dict:
 
     max_norm = sc.get("max_norm", 1.0)
     steps = sc["steps"]
+    micro = sc.get("micro", 1)
     plain_m, checked_m = make_model(), make_model()
     plain, checked = DDP(plain_m), DDP(checked_m)
     stats = attach(checked)
@@ -286,13 +361,18 @@ def run_equivalence(sc: dict, rank: int) -> dict:
     opt_c = torch.optim.SGD(checked_m.parameters(), lr=0.5, momentum=0.9)
     for s in range(steps):
         opt_p.zero_grad(set_to_none=True)
-        compute_loss(plain, make_batch(s, rank)).backward()
+        if micro == 1:
+            compute_loss(plain, make_batch(s, rank)).backward()
+        for i in range(micro if micro > 1 else 0):  # nanoGPT's accumulation loop
+            plain.require_backward_grad_sync = i == micro - 1
+            (compute_loss(plain, make_batch(s, rank, i)) / micro).backward()
         if max_norm is not None:
             torch.nn.utils.clip_grad_norm_(plain_m.parameters(), max_norm)
         opt_p.step()
     sched = Schedule(**sc["sched"], max_grad_norm=max_norm)
-    alarm = train(checked, stats, opt_c, (make_batch(s, rank) for s in range(steps)),
-                  compute_loss, make_batch, None, sched)
+    alarm = train(checked, stats, opt_c, (step_batch(s, rank, micro) for s in range(steps)),
+                  compute_loss, lambda s, r: step_batch(s, r, micro), None, sched,
+                  micro_steps=micro)
     pairs = list(zip(plain_m.parameters(), checked_m.parameters(), strict=True))
     out = {
         "alarm": alarm,
@@ -308,6 +388,27 @@ def run_equivalence(sc: dict, rank: int) -> dict:
     out["own_loop_grads_equal"] = all(torch.equal(a.grad, b.grad) for a, b in pairs)
     out["own_loop_max_diff"] = max(float((a.grad - b.grad).abs().max()) for a, b in pairs)
     out["can_fold_half"] = attach(DDP(make_model().to(torch.bfloat16))).can_fold
+    return out
+
+
+def run_double_attach() -> dict:
+    """attach twice on one model, and attach on a model with another communication hook."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from gpu_monitor.sdc import attach
+
+    out = {}
+    ddp = DDP(make_model())
+    attach(ddp)
+    other = DDP(make_model())
+    other.register_comm_hook(None, allreduce_hook)
+    for key, model in (("twice", ddp), ("other_hook", other)):
+        try:
+            attach(model)
+            out[key] = None
+        except RuntimeError as e:
+            out[key] = str(e)
     return out
 
 
@@ -340,7 +441,10 @@ def worker(rank: int, world: int, port: int, scenarios: list, outdir: str, per_n
     import torch
     import torch.distributed as dist
 
+    global PER_NODE
+    PER_NODE = per_node
     torch.set_num_threads(1)
+    _forbid_object_collectives()
     if os.environ.get("SDC_HARNESS_DUMP"):
         import faulthandler
 

@@ -24,8 +24,15 @@ SIX = [
      "unused": True},
     {"name": "replay_raises_on_one_rank", "sched": S, "steps": 12, "rebuild": "raises_on_2"},
     {"name": "same_node_layout", "sched": dict(S, peer_offset=1), "steps": 3},
+    {"name": "single_node_transient", "env": {"NODE_NAME": "gpu-node"},
+     "sched": dict(S, audit_every=5, peer_offset=6), "steps": 6,
+     "faults": [{"type": "forward", "ranks": [3], "scope": "own", "at": 4}]},
+    {"name": "slurm_layout_refused", "env": {"NODE_NAME": None, "SLURMD_NODENAME": "slurm{node}"},
+     "sched": dict(S, peer_offset=1), "steps": 2},
+    {"name": "peer_offset_not_ranks_per_node", "sched": dict(S, peer_offset=4), "steps": 2},
     {"name": "scaler_skips_nan_step", "sched": S, "steps": 12, "scaler": True,
      "faults": [{"type": "forward", "ranks": [3], "value": "nan", "scope": "own", "at": 5}]},
+    {"name": "double_attach", "kind": "double_attach"},
     {"name": "dtype_mix_agree", "kind": "divergent"},
     {"name": "dtype_mix_rank4_differs", "kind": "divergent", "differ": [(4, 1, 7.0)]},
     {"name": "dtype_mix_split", "kind": "divergent",
@@ -97,6 +104,44 @@ def test_replayer_on_the_targets_node_is_refused_on_every_rank(six):
     assert all("node0" in e for e in errs)
 
 
+def test_the_refusal_says_where_the_node_names_came_from(six):
+    errs = errors(six["same_node_layout"])
+    assert all("node names from $NODE_NAME" in e for e in errs), errs
+    errs = errors(six["slurm_layout_refused"])
+    assert all(e and e.startswith("ValueError: SDC ring layout refused") for e in errs), errs
+    assert all("node names from $SLURMD_NODENAME" in e and "slurm0" in e for e in errs), errs
+
+
+def test_the_refusal_names_the_host_name_fallback_and_the_downward_api():
+    from gpu_monitor.sdc.topology import HOSTNAME_SOURCE, node_identity, refusal_message
+
+    assert node_identity({"NODE_NAME": "n1", "SLURMD_NODENAME": "s1"}) == ("n1", "$NODE_NAME")
+    assert node_identity({"SLURMD_NODENAME": "s1"}) == ("s1", "$SLURMD_NODENAME")
+    assert node_identity({})[1] == HOSTNAME_SOURCE
+    text = refusal_message(["rank 1 would replay rank 0"], [HOSTNAME_SOURCE] * 2, 2, 1)
+    assert "host name ($NODE_NAME and $SLURMD_NODENAME unset)" in text
+    assert "downward API" in text
+
+
+def test_a_group_on_one_node_is_audited_across_its_gpus_and_says_so(six):
+    runs = six["single_node_transient"]
+    a = ok(runs)["alarm"]
+    assert all(res["alarm"] == a for res in runs)
+    # peer_offset=6 on 6 ranks would replay themselves: on one node the ring goes to the next GPU
+    assert a["step"] == 4 and a["check"] == "compute" and a["single_node"] is True
+    assert a["mismatched_pairs"] == [(3, 2)]
+    assert a["verdicts"] == [{"pair": (3, 2), "third": 4, "suspect": 3, "kind": "transient"}]
+    assert a["named"] == [3]
+    assert "not independent across nodes" in a["note"]
+
+
+def test_a_peer_offset_other_than_the_ranks_per_node_warns_but_runs(six):
+    runs = six["peer_offset_not_ranks_per_node"]
+    assert ok(runs)["alarm"] is None
+    assert any("peer_offset=4" in w and "2 ranks per node" in w for w in runs[0]["warnings"])
+    assert all(res["applied"] == [0, 1] for res in runs)
+
+
 def test_a_step_the_grad_scaler_skips_is_not_an_alarm(six):
     runs = six["scaler_skips_nan_step"]
     assert ok(runs)["alarm"] is None
@@ -154,6 +199,14 @@ def test_world_of_two_nan_is_still_named_by_the_nonfinite_check(two):
     assert a["step"] == 2 and a["nonfinite"] == [1] and a["named"] == [1]
     assert a["verdicts"] == [{"pair": (1, 0), "third": None, "suspect": None,
                               "kind": "unattributable"}]
+
+
+def test_attaching_twice_or_over_another_hook_says_what_to_do(six):
+    for res in six["double_attach"]:
+        assert "error" not in res, res.get("trace")
+        assert res["twice"].startswith("gpu_monitor.sdc.attach: this DDP model is already attached")
+        assert "keep the GradStats" in res["twice"]
+        assert "already has one" in res["other_hook"] and "only be called once" in res["other_hook"]
 
 
 def test_attach_refuses_a_model_that_is_not_ddp():

@@ -60,16 +60,30 @@ SCENARIOS = [
 WORLD = 6
 
 
+ACCUMULATED = "+accumulated"  # the same scenario with 2 micro-steps per step (no_sync first)
+
+
 @pytest.fixture(scope="module")
-def table(tmp_path_factory):
+def spawned(tmp_path_factory):
+    """Every row twice in one spawn: one micro-batch per step, and gradient accumulation."""
     out = tmp_path_factory.mktemp("fault_table")
     scenarios = [dict(sc) for sc in SCENARIOS]
     scenarios[0]["report"] = str(out)
+    scenarios += [dict(sc, name=sc["name"] + ACCUMULATED, micro=2, report=None)
+                  for sc in SCENARIOS]
     results = H.spawn(scenarios, str(out), world=WORLD, per_node=2)
     for name, per_rank in results.items():
         for r, res in enumerate(per_rank):
             assert "error" not in res, f"{name} rank {r}: {res.get('trace')}"
     return results
+
+
+@pytest.fixture(scope="module", params=["", ACCUMULATED], ids=["one-micro-batch", "accumulated"])
+def table(request, spawned):
+    """The rows of one variant, under the plain scenario names."""
+    suffix = request.param
+    return {sc["name"]: spawned[sc["name"] + suffix] for sc in SCENARIOS
+            if sc["name"] + suffix in spawned}
 
 
 def same_on_all_ranks(per_rank, key="alarm"):
@@ -92,14 +106,16 @@ def test_nan_in_forward_once_is_named_by_the_nonfinite_check_and_confirmed_trans
     assert a["mismatched_pairs"] == [(3, 1)]  # the ring replay ran on a non-audit step too
     assert a["culprits"] == []
     assert a["verdicts"] == [{"pair": (3, 1), "third": 5, "suspect": 3, "kind": "transient"}]
-    assert a["suspect_window"] == [13, 13]
+    # from the step after the last passing audit (9): finite corruption before the NaN passes
+    # check 1, so only an audit excludes it
+    assert a["suspect_window"] == [10, 13] and a["last_audit_pass"] == 9
     assert a["named"] == [3]
     assert 13 not in applied(runs) and applied(runs) == list(range(13))
     assert all(res["saves"] == [] for res in runs)
 
 
-def test_nan_alarm_report_names_the_node_of_rank_3(table):
-    path = table["nan_once"][0]["report_path"]
+def test_nan_alarm_report_names_the_node_of_rank_3(spawned):
+    path = spawned["nan_once"][0]["report_path"]
     with open(path) as f:
         report = json.load(f)
     assert report["schema"] == 1 and report["check"] == "compute" and report["step"] == 13
@@ -108,7 +124,7 @@ def test_nan_alarm_report_names_the_node_of_rank_3(table):
         {"rank": 3, "node": "node1", "gpu_uuid": None,
          "roles": ["nonfinite", "suspect:transient"]}
     ]
-    assert report["suspect_window"] == [13, 13]
+    assert report["suspect_window"] == [10, 13]
 
 
 @pytest.mark.parametrize("name, audit", [("x1000_persistent", "deterministic"),
@@ -223,6 +239,11 @@ def test_a_nan_in_one_ranks_reduced_gradient_names_no_rank_and_is_not_applied(ta
     assert a["nonfinite"] == [] and a["named"] == [] and a["mismatched_pairs"] == []
     assert a["suspect_window"] == [13, 13]
     assert applied(runs) == list(range(13))  # no rank stepped, not even the healthy ones
+
+
+def test_no_collective_of_train_is_in_flight_when_it_returns(table):
+    for name, runs in table.items():
+        assert not any(res["in_flight_after"] for res in runs), name
 
 
 def test_deterministic_settings_are_restored_after_every_run(table):

@@ -162,6 +162,8 @@ def test_divergent_ranks_refuses_ragged_input():
         (["a", "a", "b", "b"], 4, "multiple of the world size"),
         (["a"], 1, "at least 2 ranks"),
         (["a", "b"], 1, None),
+        (["a"] * 8, 8, None),  # one node: accepted, the ring runs across its GPUs
+        (["a", "a", "a", "b"], 1, "both are on node 'a'"),
     ],
 )
 def test_topology_problems(nodes, off, fragment):
@@ -170,6 +172,13 @@ def test_topology_problems(nodes, off, fragment):
         assert problems == []
     else:
         assert any(fragment in p for p in problems), problems
+
+
+def test_on_one_node_the_ring_goes_to_the_next_gpu_when_peer_offset_would_replay_itself():
+    assert L.single_node(["a"] * 8) and not L.single_node(["a"]) and not L.single_node(["a", "b"])
+    assert L.ring_offset(["a"] * 8, 8) == 1 and L.ring_offset(["a"] * 8, 3) == 3
+    assert L.ring_offset(["a", "a", "b", "b"], 2) == 2
+    assert L.ranks_per_node(["a", "a", "b", "b"]) == 2 and L.ranks_per_node(["a", "b", "b"]) is None
 
 
 def test_software_problem_threshold():

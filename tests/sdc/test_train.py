@@ -21,12 +21,25 @@ SCENARIOS = [
     {"name": "unclipped", "kind": "equivalence", "sched": S, "steps": 9, "max_norm": None},
     {"name": "loss_only_audits", "kind": "equivalence",
      "sched": dict(S, deterministic_audits=False), "steps": 9, "max_norm": 0.05},
+    # nanoGPT's loop (require_backward_grad_sync on the last of 3 micro-steps, loss / 3) against
+    # train(micro_steps=3), deterministic audits on every third step
+    {"name": "accumulated", "kind": "equivalence", "sched": S, "steps": 6, "micro": 3},
+]
+
+
+# A loop's per-step work through on_step: audits at 2, 5; weight checks at 3, 7 and before the
+# checkpoint at 5; a fault in rank 1's own forward at the audit step 8 raises the alarm there.
+HOOKED = [
+    {"name": "hooked", "sched": {"audit_every": 3, "check_every": 4, "ckpt_every": 6,
+                                 "peer_offset": 1}, "steps": 10, "on_step": True,
+     "faults": [{"type": "forward", "ranks": [1], "scope": "own", "at": 8}]},
 ]
 
 
 @pytest.fixture(scope="module")
 def four(tmp_path_factory):
-    return H.spawn(SCENARIOS, str(tmp_path_factory.mktemp("grad4")), world=4, per_node=1)
+    return H.spawn(SCENARIOS + HOOKED, str(tmp_path_factory.mktemp("grad4")), world=4,
+                   per_node=1)
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +77,30 @@ def test_after_train_the_callers_own_loop_gets_averaged_gradients_again(four, th
 
 def test_half_precision_gradients_are_divided_before_the_sum(four):
     assert all(res["can_fold_half"] is False for res in _ok(four["clipped"]))
+
+
+def test_on_step_runs_last_in_every_step_without_an_alarm_and_sees_the_counters(four):
+    for res in four["hooked"]:
+        assert "error" not in res, res.get("trace")
+        hooks = [e for e in res["events"] if e[0] == "on_step"]
+        assert [e[1] for e in hooks] == list(range(8))  # not at the alarm step 8
+        # the checkpoint of step 5 is written before that step's on_step
+        i = res["events"].index(("save", 5))
+        assert res["events"][i + 1][:2] == ("on_step", 5)
+        # counters include the step on_step is called for
+        at = {e[1]: e[3] for e in hooks}
+        assert at[2] == {"steps": 3, "audits": 1, "weight_checks": 1, "last_step": 2,
+                         "last_audit_pass": 2, "last_weight_check_pass": None}
+        assert at[7] == {"steps": 8, "audits": 2, "weight_checks": 4, "last_step": 7,
+                         "last_audit_pass": 5, "last_weight_check_pass": 7}
+        assert all(e[2] > 0 for e in hooks)  # the loss, as a number to log
+        # a learning-rate schedule set in on_step applies to the next step's update
+        assert res["lrs"] == [H.LR * 0.5 ** s for s in range(8)]
+        a = res["alarm"]
+        assert a["step"] == 8 and a["check"] == "compute"
+        # after train: the alarm step's audit counted, the last passes as they were
+        assert res["counters"] == {"steps": 8, "audits": 3, "weight_checks": 4, "last_step": 7,
+                                   "last_audit_pass": 5, "last_weight_check_pass": 7}
 
 
 # --- the same on a device: CPU here, CUDA where there is one ------------------------------------
