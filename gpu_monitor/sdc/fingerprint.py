@@ -25,9 +25,11 @@ fingerprints are strong evidence of equal bits, not proof.
 The constants below are the fixed key. Changing any of them changes every stored fingerprint and
 is a breaking change.
 
-Speed: the work is streamed through chunks of at most ``chunk_elems`` elements (a few int64
-buffers of that size are the only temporaries), small tensors are packed together so that a
-model with thousands of tiny tensors costs a few dozen kernel launches, not thousands.
+Speed: tensors of at least ``fingerprint_fused.FUSED_MIN`` elements go through the fused form
+(fingerprint_fused.py: the same formula compiled into one pass; this eager form is its fallback
+and reference). Here, the work is streamed through chunks of at most ``chunk_elems`` elements (a
+few int64 buffers of that size are the only temporaries), small tensors are packed together so
+that a model with thousands of tiny tensors costs a few dozen kernel launches, not thousands.
 """
 
 from __future__ import annotations

@@ -198,3 +198,12 @@ def test_eager_here_keeps_this_thread_eager_even_in_compiled_mode(mode, failing_
     assert failing_compile == []
     with pytest.raises(RuntimeError, match="InvalidCxxCompiler"):
         fingerprints([big()])  # the block is over
+
+
+@pytest.mark.slow
+def test_by_default_a_large_tensor_takes_the_fused_form(monkeypatch, fresh):
+    monkeypatch.delenv(FF.MODE_ENV)
+    t = big(9)
+    row = fingerprints([t]).tolist()
+    assert FF.fused_status() == {"cpu": "compiled"}
+    assert row == eager([t], monkeypatch)
