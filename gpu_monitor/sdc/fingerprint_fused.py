@@ -76,8 +76,8 @@ def fingerprint_mode(environ=None) -> str:
 def eager_here() -> Iterator[None]:
     """The eager form for this thread inside the block, whatever the mode.
 
-    For one-shot processes that would pay a compile for a single use (the node probe's worker,
-    probe_worker.py): the eager form costs less there than compiling.
+    For one-shot processes that would pay a compile for a single use (the daemon's workers: the
+    node probe, probe_worker.py, and burn_in's result digest): eager costs less there.
     """
     _here.depth = getattr(_here, "depth", 0) + 1
     try:
@@ -134,6 +134,8 @@ def _compiled_for(device, width: int, consts: dict[str, int]):
         fn = _compiled.get(key)
         if fn is None:
             name = f"fingerprint_fused_{device.type}{device.index or 0}_w{width}"
+            # dynamic=True, not mark_dynamic on the input: with torch 2.13 on the CPU the latter
+            # (which keeps the key's constants literal) gave wrong sums for 2-byte elements.
             fn = torch.compile(_make_formula(torch, consts, name), dynamic=True, fullgraph=True)
             _compiled[key] = fn
     return fn
