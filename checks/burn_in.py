@@ -125,11 +125,14 @@ class BurnRun:
 
     def summary(self) -> dict[str, Any]:
         from gpu_monitor.sdc.fingerprint import fingerprints
+        from gpu_monitor.sdc.fingerprint_fused import eager_here
 
         # The result's bit pattern, fingerprinted on the device (no host copy of a large
         # matrix, no numpy): three 64-bit sums, one of them through a full-avalanche mixer, so
-        # any difference between devices shows.
-        row = fingerprints([self.first.contiguous()])[0].tolist()
+        # any difference between devices shows. Eager: one call per worker, where compiling
+        # the fused form would cost seconds.
+        with eager_here():
+            row = fingerprints([self.first.contiguous()])[0].tolist()
         digest = "".join(f"{v & 0xFFFFFFFFFFFFFFFF:016x}" for v in row)
         return {"tflops": max(self.rates) if self.rates else 0.0, "tflops_rounds": self.rates,
                 "iterations": self.iterations, "busy_s": self.busy_s, "fingerprint": digest,

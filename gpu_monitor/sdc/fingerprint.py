@@ -25,9 +25,11 @@ fingerprints are strong evidence of equal bits, not proof.
 The constants below are the fixed key. Changing any of them changes every stored fingerprint and
 is a breaking change.
 
-Speed: the work is streamed through chunks of at most ``chunk_elems`` elements (a few int64
-buffers of that size are the only temporaries), small tensors are packed together so that a
-model with thousands of tiny tensors costs a few dozen kernel launches, not thousands.
+Speed: tensors of at least ``fingerprint_fused.FUSED_MIN`` elements go through the fused form
+(fingerprint_fused.py: the same formula compiled into one pass; this eager form is its fallback
+and reference). Here, the work is streamed through chunks of at most ``chunk_elems`` elements (a
+few int64 buffers of that size are the only temporaries), small tensors are packed together so
+that a model with thousands of tiny tensors costs a few dozen kernel launches, not thousands.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+
+from gpu_monitor.sdc.fingerprint_fused import fused_rows, use_fused
 
 if TYPE_CHECKING:
     import torch
@@ -75,6 +79,10 @@ def _s64(x: int) -> int:
 
 _KB, _KP, _KS, _M1, _M2 = (_s64(c) for c in (KEY_BITS, KEY_POS, KEY_SEED, MIX_1, MIX_2))
 _SHIFT_MASKS = tuple((s, (1 << (64 - s)) - 1) for s in MIX_SHIFTS)
+# the key as the fused form (fingerprint_fused.py) takes it
+_FUSED_KEY = {"kb": _KB, "kp": _KP, "ks": _KS, "mul1": _M1, "mul2": _M2,
+              **{f"s{i}": sh for i, (sh, _) in enumerate(_SHIFT_MASKS, 1)},
+              **{f"m{i}": mask for i, (_, mask) in enumerate(_SHIFT_MASKS, 1)}}
 
 _INT_BY_WIDTH: dict[int, Any] = {}
 
@@ -274,6 +282,11 @@ def fingerprints(tensors: Sequence[Any], *, chunk_elems: int | None = None) -> t
         small: list[tuple[int, Any]] = []
         for j, (_, flat) in enumerate(entries):
             n = flat.numel()
+            if use_fused(dev, n, chunk_elems):
+                row = fused_rows(flat, chunk_elems, _FUSED_KEY)
+                if row is not None:
+                    rows[j] = row
+                    continue
             if n <= min(_SMALL, chunk // 4):
                 small.append((j, flat))
                 continue

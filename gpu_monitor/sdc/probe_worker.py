@@ -46,6 +46,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from gpu_monitor.sdc.fingerprint_fused import eager_here
+
 __all__ = [
     "TEST_NONDETERMINISM_ENV",
     "build_model",
@@ -206,7 +208,7 @@ class Probe:
         step = step or (lambda phase: None)
         rows: dict[str, list[int]] = {}
         t0 = time.perf_counter()
-        with _deterministic(self.dev):
+        with _deterministic(self.dev), eager_here():  # one use: compiling would cost more
             for b in self.order:
                 step(f"micro-batch of gpu:{b}")
                 rows[str(b)] = self._one(b)

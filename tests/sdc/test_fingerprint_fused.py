@@ -1,0 +1,209 @@
+"""The fused (compiled) fingerprint form: the same numbers as the eager form, and a safe fallback.
+
+The compiled tests compare against the pinned vectors of test_fingerprint.py and against the
+eager form on overflow vectors: for every element width, vectors whose plain sum leaves the
+element's own width, whose weighted sum wraps modulo 2^64 where the width allows it, whose
+values need sign extension (all ones), in one segment and in several (positions offset).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from gpu_monitor.sdc import fingerprint_fused as FF
+from gpu_monitor.sdc import fingerprints
+from tests.sdc.test_fingerprint import PINNED, pinned_inputs, s64
+
+DEVICES = ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])]
+INT_BY_WIDTH = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+FLOAT_BY_WIDTH = {1: torch.uint8, 2: torch.bfloat16, 4: torch.float32, 8: torch.float64}
+
+
+@pytest.fixture
+def mode(monkeypatch):
+    def set_mode(value: str) -> None:
+        monkeypatch.setenv(FF.MODE_ENV, value)
+
+    return set_mode
+
+
+@pytest.fixture
+def fresh():
+    FF._reset_for_tests()
+    yield
+    FF._reset_for_tests()
+
+
+def eager(ts, monkeypatch, **kw):
+    with monkeypatch.context() as m:
+        m.setenv(FF.MODE_ENV, "eager")
+        return fingerprints(ts, **kw).cpu().tolist()
+
+
+# -- the mode and the fallback (nothing compiles here) -------------------------------------------
+
+
+@pytest.mark.parametrize("value, expected", [(None, "auto"), ("", "auto"), ("eager", "eager"),
+                                             (" Compiled ", "compiled"), ("auto", "auto")])
+def test_the_mode_comes_from_the_environment(value, expected):
+    env = {} if value is None else {FF.MODE_ENV: value}
+    assert FF.fingerprint_mode(env) == expected
+
+
+def test_an_unknown_mode_is_refused_not_guessed():
+    with pytest.raises(ValueError, match="GPU_MONITOR_SDC_FINGERPRINTS='fast'"):
+        FF.fingerprint_mode({FF.MODE_ENV: "fast"})
+
+
+@pytest.fixture
+def failing_compile(monkeypatch, fresh):
+    """torch.compile as it behaves without a C++ compiler: the first call of the result raises."""
+    calls = []
+
+    def fake_compile(fn, **kw):
+        def run(*a):
+            calls.append(a)
+            raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found\nmore")
+
+        return run
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    return calls
+
+
+def big(seed: int = 0, n: int = FF.FUSED_MIN + 1000):
+    return torch.randn(n, generator=torch.Generator().manual_seed(seed))
+
+
+def test_a_compile_failure_falls_back_to_eager_once_and_says_why(mode, failing_compile,
+                                                                 monkeypatch, caplog):
+    mode("auto")
+    t = big()
+    assert fingerprints([t]).tolist() == eager([t], monkeypatch)
+    assert FF.fused_status() == {"cpu": "eager: RuntimeError: InvalidCxxCompiler: No working C++ "
+                                        "compiler found"}
+    assert "using the eager form" in caplog.text
+    fingerprints([t, big(1)])
+    assert len(failing_compile) == 1  # not retried on every call
+
+
+def test_compiled_mode_raises_instead_of_falling_back(mode, failing_compile):
+    mode("compiled")
+    with pytest.raises(RuntimeError, match="InvalidCxxCompiler"):
+        fingerprints([big()])
+
+
+def test_eager_mode_never_compiles(mode, failing_compile, monkeypatch):
+    mode("eager")
+    fingerprints([big()])
+    assert failing_compile == [] and FF.fused_status() == {}
+
+
+def test_small_tensors_small_chunks_and_traced_callers_take_the_eager_form(mode, monkeypatch):
+    mode("compiled")
+    cpu = torch.device("cpu")
+    assert FF.use_fused(cpu, FF.FUSED_MIN, None)
+    assert not FF.use_fused(cpu, FF.FUSED_MIN - 1, None)
+    assert not FF.use_fused(cpu, 10 * FF.FUSED_MIN, FF.FUSED_MIN - 1)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert not FF.use_fused(cpu, 10 * FF.FUSED_MIN, None)
+
+
+# -- compiled against pinned and eager (these compile: one graph per element width) ---------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", DEVICES)
+def test_pinned_vectors_compiled(device, mode, monkeypatch):
+    mode("compiled")
+    monkeypatch.setattr(FF, "FUSED_MIN", 2)  # every pinned vector of >= 2 elements is fused
+    names = sorted(n for n in PINNED if pinned_inputs()[n].numel() >= 2)
+    rows = fingerprints([pinned_inputs()[n].to(device) for n in names])
+    assert rows.cpu().tolist() == [PINNED[n] for n in names]
+    widths = {pinned_inputs()[n].element_size() for n in names}
+    assert {w for d, w in FF._compiled if d.startswith(device)} >= widths  # it really compiled
+
+
+def overflow_vectors(width: int, n: int) -> dict[str, torch.Tensor]:
+    it = INT_BY_WIDTH[width]
+    info = torch.iinfo(it)
+    return {
+        "all_max": torch.full((n,), info.max, dtype=it),  # plain sum leaves the width
+        "all_min": torch.full((n,), info.min, dtype=it),
+        "all_ones_bits": torch.full((n,), -1, dtype=it),  # sign extension, not zero extension
+        "alternating_extremes": torch.where(torch.arange(n) % 2 == 0, info.max, info.min).to(it),
+        "wrapping_ramp": (torch.arange(n, dtype=torch.int64) * 2654435761).to(it),
+    }
+
+
+def closed_form(c: int, n: int) -> tuple[int, int]:
+    """Columns 0 and 1 of n copies of the signed value c, modulo 2^64."""
+    return s64(n * c), s64(c * n * (n + 1) // 2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("width", [1, 2, 4, 8])
+@pytest.mark.parametrize("chunk", [None, FF.FUSED_MIN], ids=["one_segment", "segments"])
+def test_overflow_vectors_compiled_equal_eager(device, width, chunk, mode, monkeypatch):
+    n = 3 * FF.FUSED_MIN + 7  # with the chunk: segments at FUSED_MIN, 2*FUSED_MIN (+ short tail)
+    vecs = overflow_vectors(width, n)
+    ts = [v.to(device) for v in vecs.values()]
+    ts += [vecs["wrapping_ramp"].view(FLOAT_BY_WIDTH[width]).to(device)]  # the bits, not the name
+    mode("compiled")
+    got = fingerprints(ts, chunk_elems=chunk).cpu().tolist()
+    assert (device, width) in {(d.split(":")[0], w) for d, w in FF._compiled}
+    assert got == eager([t.cpu() for t in ts], monkeypatch)
+    assert got[-1] == got[-2]
+    info = torch.iinfo(INT_BY_WIDTH[width])
+    for row, c in zip(got[:3], (info.max, info.min, -1), strict=True):
+        assert tuple(row[:2]) == closed_form(c, n)
+    if width == 8:  # columns 0 and 1 wrap modulo 2^64 themselves
+        assert abs(n * info.max) >= 2**63 and row[0] == s64(n * -1)
+
+
+@pytest.mark.slow
+def test_a_gradient_hook_in_backward_gets_the_fused_form(mode, monkeypatch, fresh):
+    """The library fingerprints gradients from DDP's communication hook, inside backward."""
+    from torch._dynamo.utils import counters
+
+    mode("compiled")
+    w = torch.nn.Parameter(torch.ones(FF.FUSED_MIN + 3))
+    seen = {}
+    graphs = counters["stats"]["unique_graphs"]
+
+    def hook(grad):
+        seen["row"] = fingerprints([grad])[0].tolist()
+
+    w.register_hook(hook)
+
+    def other_thread():
+        (w * big(5, w.numel())).sum().backward()
+
+    th = threading.Thread(target=other_thread)
+    th.start()
+    th.join()
+    assert counters["stats"]["unique_graphs"] > graphs  # compiled, not run op by op
+    assert seen["row"] == eager([w.grad], monkeypatch)[0]
+
+
+def test_eager_here_keeps_this_thread_eager_even_in_compiled_mode(mode, failing_compile):
+    mode("compiled")
+    with FF.eager_here():
+        fingerprints([big()])
+    assert failing_compile == []
+    with pytest.raises(RuntimeError, match="InvalidCxxCompiler"):
+        fingerprints([big()])  # the block is over
+
+
+@pytest.mark.slow
+def test_by_default_a_large_tensor_takes_the_fused_form(monkeypatch, fresh):
+    monkeypatch.delenv(FF.MODE_ENV)
+    t = big(9)
+    row = fingerprints([t]).tolist()
+    assert FF.fused_status() == {"cpu": "compiled"}
+    assert row == eager([t], monkeypatch)
