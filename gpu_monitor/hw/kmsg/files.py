@@ -190,6 +190,7 @@ class KmsgFileSource:
         self._is_fifo = stat.S_ISFIFO(st.st_mode)
         self._ident = (st.st_dev, st.st_ino)
         self._offset = os.lseek(fd, 0, os.SEEK_END) if seek_end and not self._is_fifo else 0
+        self._asm.origin = None if self._is_fifo else self._ident
 
     def read_available(self, max_records: int | None = None) -> list[KmsgRecord | KmsgGap]:
         """Every complete record readable now (at most about ``max_records``)."""
@@ -215,6 +216,8 @@ class KmsgFileSource:
     def _drain(self, out: list[KmsgRecord | KmsgGap], max_records: int | None) -> bool:
         """Parse the complete lines in the buffer; False when ``max_records`` stopped it."""
         buf = self._buf
+        asm = self._asm
+        base = self._offset - len(buf)  # the file offset of buf[0]
         pos = 0
         done = True
         while True:
@@ -227,16 +230,19 @@ class KmsgFileSource:
             if self._skipping:
                 self._skipping = False
             elif nl - pos > MAX_LINE_BYTES:
-                self._emit(out, self._asm.feed_overlong(bytes(buf[pos : pos + MAX_LINE_BYTES])))
+                asm.line_offset = base + pos
+                self._emit(out, asm.feed_overlong(bytes(buf[pos : pos + MAX_LINE_BYTES])))
             else:
-                self._emit(out, self._asm.feed(bytes(buf[pos:nl])))
+                asm.line_offset = base + pos
+                self._emit(out, asm.feed(bytes(buf[pos:nl])))
             pos = nl + 1
         if pos:
             del buf[:pos]
         if self._skipping:
             buf.clear()
         elif len(buf) > MAX_LINE_BYTES:
-            self._emit(out, self._asm.feed_overlong(bytes(buf[:MAX_LINE_BYTES])))
+            asm.line_offset = base + pos
+            self._emit(out, asm.feed_overlong(bytes(buf[:MAX_LINE_BYTES])))
             buf.clear()
             self._skipping = True
         return done
@@ -256,9 +262,14 @@ class KmsgFileSource:
         self._offset += len(chunk)
         return chunk
 
-    def _finish_partial(self, out: list[KmsgRecord | KmsgGap]) -> None:
+    def _finish_partial(self, out: list[KmsgRecord | KmsgGap],
+                        where: tuple[tuple[int, int] | None, int]) -> None:
+        """Hand out an unterminated last line; ``where``: its file's identity and offset
+        (taken before a rotation reopened the path)."""
         if self._buf and not self._skipping:
+            self._asm.origin, self._asm.line_offset = where
             self._emit(out, self._asm.feed(bytes(self._buf)))
+            self._asm.origin = None if self._is_fifo else self._ident
         self._buf.clear()
         self._skipping = False
 
@@ -268,6 +279,7 @@ class KmsgFileSource:
             st = os.stat(self.path)
         except OSError:
             return False  # rotated away, successor not there yet: keep the old file
+        where = (None if self._is_fifo else self._ident, self._offset - len(self._buf))
         if (st.st_dev, st.st_ino) != self._ident:
             old = self._fd
             try:
@@ -275,10 +287,10 @@ class KmsgFileSource:
             except OSError:
                 return False
             os.close(old)
-            self._finish_partial(out)
+            self._finish_partial(out, where)
             return True
         if os.fstat(self._fd).st_size < self._offset:
-            self._finish_partial(out)
+            self._finish_partial(out, where)
             self._offset = os.lseek(self._fd, 0, os.SEEK_SET)
             return True
         return False
@@ -301,6 +313,7 @@ class KmsgFileSource:
         self._buf.clear()
         self._skipping = False
         self._asm = LineAssembler()
+        self._asm.origin = self._ident
         self._offset = os.lseek(self._fd, offset, os.SEEK_SET)
         return True
 

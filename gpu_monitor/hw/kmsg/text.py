@@ -302,11 +302,16 @@ class LineAssembler:
     when the next line is not a continuation); ``take`` hands out the one still held.
     """
 
-    __slots__ = ("parse_errors", "line_no", "_pending", "_open", "_cont", "_fields", "_raws")
+    __slots__ = ("parse_errors", "line_no", "origin", "line_offset", "_pending", "_open",
+                 "_cont", "_fields", "_raws")
 
     def __init__(self) -> None:
         self.parse_errors = 0
         self.line_no = 0
+        # A followed regular file's (device, inode); its reader sets ``line_offset`` to the byte
+        # offset of each line before feeding it, and records starting there get ``position``.
+        self.origin: tuple[int, int] | None = None
+        self.line_offset = 0
         self._pending: KmsgRecord | None = None
         self._open = False  # pending record accepts continuation lines
         self._cont: list[str] = []
@@ -363,6 +368,8 @@ class LineAssembler:
 
     def _start(self, rec: KmsgRecord) -> KmsgRecord | None:
         prev = self.take()
+        if self.origin is not None:
+            rec = replace(rec, position=(*self.origin, self.line_offset))
         if rec.source_format == FORMAT_MALFORMED:
             self.parse_errors += 1
         self._pending = rec
