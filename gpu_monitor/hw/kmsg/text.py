@@ -322,6 +322,18 @@ class LineAssembler:
     def holding(self) -> bool:
         return self._pending is not None
 
+    @property
+    def held_offset(self) -> int | None:
+        """The byte offset of the held record's first line (a followed file's reader sets
+        ``origin``), else None: a resume must start there, not past it."""
+        rec = self._pending
+        return rec.position[2] if rec is not None and rec.position is not None else None
+
+    @property
+    def accepting(self) -> bool:
+        """A record is held that an indented line would join as a continuation."""
+        return self._open
+
     def feed(self, data: bytes) -> KmsgRecord | None:
         self.line_no += 1
         try:
