@@ -25,6 +25,7 @@ import random
 import re
 import sys
 import tempfile
+import threading
 import time
 
 import psutil
@@ -54,9 +55,11 @@ def ordinary(rng: random.Random, i: int) -> bytes:
 
 
 class Sampler:
-    """Scrapes /metrics and samples the daemon's RSS and CPU."""
+    """Scrapes /metrics and samples the daemon's RSS and CPU (``run`` in a thread every 0.5 s,
+    so a slow scrape never holds up the writer)."""
 
     def __init__(self, port: int, pid: int):
+        self.stop = threading.Event()
         self.port = port
         self.proc = psutil.Process(pid)
         self.worst_scrape = 0.0
@@ -75,6 +78,14 @@ class Sampler:
         return sum(per_gpu.values()), read, per_gpu
 
 
+    def run(self) -> None:
+        while not self.stop.wait(0.5):
+            try:
+                self.sample()
+            except OSError as exc:
+                print(f"scrape failed: {exc}", file=sys.stderr)
+
+
 def cpu_pct(rows, t0: float, t1: float) -> float:
     inside = [r for r in rows if t0 <= r[0] <= t1]
     if len(inside) < 2:
@@ -82,13 +93,13 @@ def cpu_pct(rows, t0: float, t1: float) -> float:
     return 100 * (inside[-1][4] - inside[0][4]) / (inside[-1][0] - inside[0][0])
 
 
-def flood(path: str, args, sampler: Sampler, rng: random.Random) -> tuple[dict[int, int], int, float]:
+def flood(path: str, args, rng: random.Random) -> tuple[dict[int, int], int, float]:
     """Append the storm, paced per slice; (Xids written per GPU, lines written, seconds)."""
     written = dict.fromkeys(range(8), 0)
     lines = 0
+    pool = [ordinary(rng, i) for i in range(4096)]  # generating each line would pace us
     start = time.monotonic()
     burst_from = (args.seconds - args.burst_seconds) / 2
-    next_sample = start
     with open(path, "ab", buffering=1 << 20) as fh:
         k = 0
         while (now := time.monotonic()) - start < args.seconds:
@@ -110,13 +121,10 @@ def flood(path: str, args, sampler: Sampler, rng: random.Random) -> tuple[dict[i
                     written[g] += 1
                     chunk.append(pre + XID.format(pci=GPU_PCI[g], pid=i, n=i).encode())
                 else:
-                    chunk.append(pre + ordinary(rng, i))
+                    chunk.append(pre + pool[i % 4096])
             fh.write(b"\n".join(chunk) + b"\n")
             fh.flush()
             lines += n + extra
-            if now >= next_sample:
-                sampler.sample()
-                next_sample = now + 0.5
     return written, lines, time.monotonic() - start
 
 
@@ -140,11 +148,12 @@ def main() -> int:
     rng = random.Random(18)
     try:
         idle_from = time.monotonic()
-        while time.monotonic() - idle_from < 5:
-            sampler.sample()
-            time.sleep(0.5)
+        sampler.sample()
+        thread = threading.Thread(target=sampler.run, daemon=True)
+        thread.start()
+        time.sleep(5)  # the idle baseline (a span of time, not a condition)
         idle_to = time.monotonic()
-        written, lines, flood_s = flood(path, args, sampler, rng)
+        written, lines, flood_s = flood(path, args, rng)
         flood_end = time.monotonic()
         want = sum(written.values())
         counted, read, per_gpu = sampler.sample()
@@ -153,9 +162,9 @@ def main() -> int:
             counted, read, per_gpu = sampler.sample()
         caught = time.monotonic()
         settle_end = caught + 12
-        while time.monotonic() < settle_end:
-            sampler.sample()
-            time.sleep(0.5)
+        time.sleep(12)  # the 10 s after (a span of time, not a condition)
+        sampler.stop.set()
+        thread.join(30)
         counted, read, per_gpu = sampler.sample()
     finally:
         daemon.terminate()

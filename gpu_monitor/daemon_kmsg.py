@@ -36,6 +36,7 @@ Guarantees, in order:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import select
@@ -151,7 +152,7 @@ class KmsgFollower:
             n = self._handle(items, None, outcomes)
         else:
             try:
-                with store.batch():
+                with self._checks_locked(), store.batch():
                     n = self._handle(items, store, outcomes)
             except Exception as exc:  # noqa: BLE001 - nothing of the batch was committed
                 log.error("cannot store a kernel-log batch: %s", exc)
@@ -162,6 +163,18 @@ class KmsgFollower:
             self.stats.kmsg_records += n
             self.stats.kmsg_read += read
         return n, read
+
+    def _checks_locked(self) -> contextlib.ExitStack:
+        """Every kernel-log check's own lock (``_lock``: the xid and nvswitch checks guard the
+        state ``on_kmsg`` and ``poll`` share with one), taken in check order *before* the
+        batch's transaction. Their ``poll`` takes its lock and then the store's; a batch that
+        held the store and then waited for a check's lock would deadlock with it."""
+        stack = contextlib.ExitStack()
+        for check in self.checks:
+            lock = getattr(check, "_lock", None)
+            if lock is not None:
+                stack.enter_context(lock)
+        return stack
 
     def _handle(self, items, store, outcomes: list[RunOutcome]) -> int:
         """Dispatch a batch and mark it (inside the transaction when there is a store)."""

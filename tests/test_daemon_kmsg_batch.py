@@ -191,3 +191,48 @@ def test_a_long_replay_runs_beside_the_scheduler_and_reports_progress(sim_env, t
         release.set()
         d.stop()
         runner.join(30)
+
+
+def test_a_batch_and_a_poll_of_the_same_check_do_not_deadlock(sim_env, tmp_path):  # noqa: F811
+    """poll takes the check's lock, then the store's; a batch must take them in that order
+    too (it once held the store's transaction and waited for the check's lock: a storm
+    beside the xid check's poll froze the daemon)."""
+    _, ctx = sim_env()
+    _text_log(ctx, tmp_path, [XID.format(n=i) for i in range(3)])
+    class Locking(Seen):  # like Xid: on_kmsg and poll share state under one lock
+        def __init__(self):
+            super().__init__()
+            self._lock = threading.RLock()
+
+        def on_kmsg(self, record, ctx):
+            with self._lock:
+                return super().on_kmsg(record, ctx)
+
+    check = Locking()
+    d = Daemon([check], ctx)
+    d.kmsg.open()
+    held, in_tx = threading.Event(), threading.Event()
+    real_batch = ctx.store.batch
+
+    def batch():
+        in_tx.set()
+        return real_batch()
+
+    ctx.store.batch = batch
+
+    def poll():  # what Xid.poll does: its lock, then the store
+        with check._lock:
+            held.set()
+            in_tx.wait(2)  # a batch that got the transaction first would now be waiting
+            ctx.store.get_kv("seen", "open")
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    held.wait(10)
+    pumper = threading.Thread(target=d.kmsg.pump_all, daemon=True)
+    pumper.start()
+    pumper.join(30)
+    poller.join(30)
+    assert not pumper.is_alive() and not poller.is_alive(), "deadlocked"
+    assert len(check.seen) == 3
+    d.shutdown()

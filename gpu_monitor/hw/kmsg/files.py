@@ -11,7 +11,6 @@ from __future__ import annotations
 import errno
 import io
 import os
-import re
 import select
 import stat
 from collections.abc import Iterable, Iterator
@@ -154,6 +153,13 @@ def iter_file(path: str | os.PathLike[str], *,
 # ---------------------------------------------------------------------------------------------
 
 
+def _holds(buf: bytearray, start: int, end: int, words: tuple[bytes, ...]) -> bool:
+    for w in words:  # noqa: SIM110 - a plain loop: this runs once per line of a storm
+        if buf.find(w, start, end) >= 0:
+            return True
+    return False
+
+
 class KmsgFileSource:
     """A kernel-log text file or FIFO, followed like ``tail -F``.
 
@@ -182,7 +188,7 @@ class KmsgFileSource:
         self._offset = 0
         self._buf = bytearray()
         self._skipping = False  # inside an over-long line, dropping bytes up to its newline
-        self._wanted: re.Pattern[bytes] | None = None
+        self._wanted: tuple[bytes, ...] | None = None
         self._head: list[tuple[bytes, int, int]] | None = None  # skipped head (+ its lines)
         self._head_bytes = 0
         self.lines_skipped = 0
@@ -190,9 +196,8 @@ class KmsgFileSource:
 
     def select(self, literals: Iterable[str]) -> None:
         """Parse only the lines (records) that contain one of ``literals``; none: every line."""
-        words = sorted({w for w in literals if w})
-        self._wanted = (re.compile(b"|".join(re.escape(w.encode()) for w in words))
-                        if words else None)
+        words = tuple(sorted({w.encode() for w in literals if w}))
+        self._wanted = words or None
 
     @property
     def parse_errors(self) -> int:
@@ -263,7 +268,9 @@ class KmsgFileSource:
             else:
                 asm.line_offset = base + pos
                 wanted = self._wanted
-                matched = wanted is None or wanted.search(buf, pos, nl) is not None
+                # bytearray.find per literal (a memchr-driven search) is several times faster
+                # than one alternation regex, which cannot skip ahead on a literal prefix.
+                matched = wanted is None or _holds(buf, pos, nl, wanted)
                 if matched or not self._skip(out, buf, pos, nl, base):
                     if self._head is not None:
                         if matched and buf[pos] in b" \t":
