@@ -56,6 +56,8 @@ log = logging.getLogger("gpu_monitor.daemon")
 #: Records read per batch (guarantee 2); also the most candidates one transaction holds the
 #: store for (a scrape waits for at most one batch).
 BATCH_RECORDS = 128
+#: The pause between two batches of a backlog (see ``pump_all``).
+YIELD_S = 0.001
 #: The store key of a followed text log's saved position (device, inode, offset), per path.
 KV_FILE_POS = "kmsg_file_position"
 
@@ -259,6 +261,9 @@ class KmsgFollower:
             total += n
             if not read:
                 break
+            # Fair share: a thread waiting for the store (a scrape, a poll) gets it between two
+            # batches; a lock released and at once retaken by this thread would starve it.
+            time.sleep(YIELD_S)
         return total
 
     # --- the follower thread -------------------------------------------------------------
