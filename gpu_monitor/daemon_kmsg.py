@@ -55,7 +55,7 @@ log = logging.getLogger("gpu_monitor.daemon")
 
 #: Records read per batch (guarantee 2); also the most candidates one transaction holds the
 #: store for (a scrape waits for at most one batch).
-BATCH_RECORDS = 128
+BATCH_RECORDS = 32
 #: The pause between two batches of a backlog (see ``pump_all``).
 YIELD_S = 0.001
 #: The store key of a followed text log's saved position (device, inode, offset), per path.
