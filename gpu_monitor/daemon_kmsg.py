@@ -261,9 +261,11 @@ class KmsgFollower:
             total += n
             if not read:
                 break
-            # Fair share: a thread waiting for the store (a scrape, a poll) gets it between two
-            # batches; a lock released and at once retaken by this thread would starve it.
-            time.sleep(YIELD_S)
+            if read >= BATCH_RECORDS:
+                # A backlog. Fair share: a thread waiting for the store (a scrape, a poll) gets
+                # it between two batches; a lock released and at once retaken by this thread
+                # would starve it. (Not after a small read: that pause is an event's latency.)
+                time.sleep(YIELD_S)
         return total
 
     # --- the follower thread -------------------------------------------------------------
