@@ -16,7 +16,7 @@ from typing import Any
 
 from gpu_monitor.check import Context
 from gpu_monitor.hw.kmsg.files import FIFO_IDLE_S
-from gpu_monitor.hw.kmsg.record import KmsgGap, KmsgRecord
+from gpu_monitor.hw.kmsg.record import KmsgGap, KmsgRecord, text_event_key
 from gpu_monitor.hw.kmsg_scan import ScanStats, iter_matching
 from gpu_monitor.model import (
     ACTION_SEVERITY,
@@ -42,8 +42,14 @@ def boot_id(ctx: Context) -> str:
 
 
 def record_seq(record: KmsgRecord) -> int:
-    """The de-duplication key within a boot: kmsg sequence, else the line number."""
-    return record.seq if record.seq is not None else record.line_no
+    """The de-duplication key within a boot: the kernel's sequence number; for a line of a
+    followed text file, a key of its file, offset and text (it survives a restart that resumes
+    mid-file, where line numbers start again); else the line number (one-shot reads)."""
+    if record.seq is not None:
+        return record.seq
+    if record.position is not None:
+        return text_event_key(record.position, record.raw.partition("\n")[0])
+    return record.line_no
 
 
 def uptime_s(ctx: Context) -> float | None:

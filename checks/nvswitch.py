@@ -116,6 +116,7 @@ class NvSwitch(Check):
                                      "project"),
     }
     condition = "GPUFabricError"
+    kmsg_literals = ("SXid",)  # every line the parser reads holds it
     metrics = (CheckMetric("gpu_monitor_sxid_events_total", "counter", ("code",),
                            "NVSwitch SXid events seen in the kernel log, per code.",
                            samples=sxid_event_samples),)
@@ -225,7 +226,7 @@ class NvSwitch(Check):
     def _scan(self, ctx: Context) -> list[Result]:
         self._grouper = SxidGrouper()
         found: dict[int, tuple[SxidEvent, KmsgRecord]] = {}
-        log_scan = KernelLogScan(ctx, (b"SXid",))
+        log_scan = KernelLogScan(ctx, tuple(w.encode() for w in self.kmsg_literals))
         for item in log_scan:
             if isinstance(item, KmsgGap):
                 continue

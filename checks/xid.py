@@ -131,6 +131,7 @@ class Xid(Check):
             "Azure NHC `check_gpu_xid` (2 h)"),
     }
     condition = "GPUXidError"
+    kmsg_literals = ("NVRM",)  # every line the parser reads holds it
     metrics = (CheckMetric("gpu_monitor_xid_events_total", "counter", ("gpu", "uuid", "code"),
                            "NVIDIA Xid events seen in the kernel log, per GPU and code.",
                            samples=xid_event_samples),)
@@ -467,7 +468,7 @@ class Xid(Check):
         errors_before = self.parse_errors
         results: list[Result] = []
         gaps = malformed = 0
-        log_scan = KernelLogScan(ctx, (b"NVRM",))
+        log_scan = KernelLogScan(ctx, tuple(w.encode() for w in self.kmsg_literals))
         for item in log_scan:
             if isinstance(item, KmsgGap):
                 gaps += 1

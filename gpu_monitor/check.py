@@ -183,8 +183,15 @@ class Check:
     def poll(self, ctx: Context) -> Sequence[Result]:
         raise NotImplementedError(f"{self.name} has no poll()")
 
+    #: Literals one of which a kernel-log record's raw text must hold for ``on_kmsg`` to find
+    #: anything in it. The daemon hands the check only such records (and a followed text log
+    #: skips lines no check wants without parsing them); the one-shot scan searches for the
+    #: same ones. Empty: every record.
+    kmsg_literals: tuple[str, ...] = ()
+
     def on_kmsg(self, record: Any, ctx: Context) -> Sequence[Result]:
-        """Event-driven passive checks receive every kernel-log record."""
+        """Event-driven passive checks receive the kernel-log records that hold one of their
+        ``kmsg_literals`` (every record when they declare none)."""
         return ()
 
     # --- helpers -------------------------------------------------------------------------

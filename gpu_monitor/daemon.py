@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import signal
-import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -37,11 +35,10 @@ from datetime import timedelta
 from prometheus_client import CollectorRegistry
 
 from gpu_monitor.check import Check, Context
+from gpu_monitor.daemon_kmsg import KV_FILE_POS, KmsgFollower
 from gpu_monitor.exporter import Exporter
-from gpu_monitor.hw.inotify import FileWatch
-from gpu_monitor.hw.kmsg.record import KmsgGap
 from gpu_monitor.metrics import StoreCollector
-from gpu_monitor.model import NODE, Kind, Report, Result, RunOutcome, Status, UsageError
+from gpu_monitor.model import Kind, Report, RunOutcome, UsageError
 from gpu_monitor.remediate.bootstrap_gate import BootstrapGate
 from gpu_monitor.remediate.metrics import remediation_collector
 from gpu_monitor.runner import run_check, run_suite
@@ -51,6 +48,8 @@ log = logging.getLogger(__name__)
 
 PRUNE_EVERY_S = 3600.0
 PRUNE_HORIZON = timedelta(days=2)
+# The follower marks each batch and each wait; silence this long means a check's on_kmsg hangs.
+KMSG_STALL_S = 60.0
 
 
 def _handles_kmsg(check: Check) -> bool:
@@ -71,6 +70,7 @@ class DaemonStats:
         self.kmsg_parse_errors = 0
         self.kmsg_gaps = 0
         self.kmsg_skipped_replay = 0
+        self.kmsg_read = 0  # records and text lines read, candidates or not
         self.last_tick_monotonic = time.monotonic()
         self.last_kmsg_loop_monotonic = time.monotonic()
 
@@ -79,7 +79,8 @@ class DaemonStats:
             return {"kmsg_records": self.kmsg_records,
                     "kmsg_parse_errors": self.kmsg_parse_errors,
                     "kmsg_gaps": self.kmsg_gaps,
-                    "kmsg_skipped_replay": self.kmsg_skipped_replay}
+                    "kmsg_skipped_replay": self.kmsg_skipped_replay,
+                    "kmsg_read": self.kmsg_read}
 
 
 class Daemon:
@@ -93,16 +94,16 @@ class Daemon:
         self.kmsg_poll_s = kmsg_poll_s
         self.stats = DaemonStats()
         self.stop_event = threading.Event()
-        self.replayed = threading.Event()
         self.next_due: dict[str, float] = {}
         self.in_flight: dict[str, Future] = {}
         self.pool = ThreadPoolExecutor(max_workers=max_workers or max(2, len(self.checks)),
                                        thread_name_prefix="poll")
         self.kmsg_checks = [c for c in self.checks if _handles_kmsg(c)]
         self.poll_checks = [c for c in self.checks if _polls(c)]
-        self._kmsg_source = None
+        self.kmsg = KmsgFollower(self.kmsg_checks, ctx, self.stats, record=self._record,
+                                 consume=self._consume)
+        self.replayed = self.kmsg.replay_done
         self._kmsg_thread: threading.Thread | None = None
-        self._boot_id = ""
         self._last_prune = None
         self._store_lock = threading.Lock()
         self._intervals: dict[str, float] = {}
@@ -118,13 +119,21 @@ class Daemon:
     # --- results ---------------------------------------------------------------------------------
 
     def _store(self, outcome: RunOutcome) -> None:
+        if self._record(outcome):
+            self._consume(outcome)
+
+    def _record(self, outcome: RunOutcome) -> bool:
+        """Store an outcome; False when it could not be (then nothing consumes it)."""
         if self.ctx.store is None:
-            return
+            return False
         try:
             self.ctx.store.record_run(outcome)
         except Exception as exc:  # noqa: BLE001 - keep monitoring even if history fails
             log.error("cannot store results of %s: %s", outcome.check, exc)
-            return
+            return False
+        return True
+
+    def _consume(self, outcome: RunOutcome) -> None:
         if self.remediator is not None:
             # Stored first (guarantee 3), then handed to the policy; never blocks on the API.
             try:
@@ -202,166 +211,44 @@ class Daemon:
         except Exception as exc:  # noqa: BLE001
             log.warning("pruning the state store failed: %s", exc)
 
-    # --- kernel log --------------------------------------------------------------------------------
+    # --- kernel log (the follower: daemon_kmsg.py) -------------------------------------------------
+
+    _KV_FILE_POS = KV_FILE_POS
+
+    @property
+    def _kmsg_source(self):
+        return self.kmsg.source
+
+    @_kmsg_source.setter
+    def _kmsg_source(self, source) -> None:
+        self.kmsg.source = source
 
     def open_kmsg(self) -> None:
-        """Open the kernel log and replay what it holds (skipping what the store has seen)."""
-        try:
-            self._boot_id = self.ctx.host.procfs.boot_id() or ""
-        except Exception:  # noqa: BLE001
-            self._boot_id = ""
-        if not self.kmsg_checks:
-            self.replayed.set()
-            return
-        try:
-            self._kmsg_source = self.ctx.host.open_kmsg(replay=True)
-        except OSError as exc:
-            log.error("cannot open the kernel log %s: %s; XID detection is unknown",
-                      self.ctx.host.paths.kmsg_path, exc)
-            self.ctx.kmsg_error = str(exc)
-            self._report_kmsg_problem("KmsgUnavailable",
-                                      f"cannot read the kernel log: {exc}")
-            self.replayed.set()
-            return
-        self._resume_file_position()
-        self.pump_kmsg()
-        self.replayed.set()
-
-    # A followed text log (journal/dmesg file) has no sequence numbers to de-duplicate by: the
-    # daemon saves how far it has read (device, inode, offset) and resumes there after a
-    # restart, so old lines are neither re-counted nor, within the same file, missed.
-    _KV_FILE_POS = "kmsg_file_position"
-
-    def _resume_file_position(self) -> None:
-        src, store = self._kmsg_source, self.ctx.store
-        if store is None or not hasattr(src, "resume"):
-            return
-        try:
-            saved = store.get_kv(self._KV_FILE_POS, src.path)
-            if saved and src.resume(tuple(saved)):
-                log.info("resuming the kernel log %s at byte %d", src.path, saved[2])
-        except Exception as exc:  # noqa: BLE001 - worst case: replay from the start
-            log.warning("cannot resume the kernel log position: %s", exc)
-
-    def _save_file_position(self) -> None:
-        src, store = self._kmsg_source, self.ctx.store
-        if store is None or not hasattr(src, "position"):
-            return
-        pos = src.position()
-        if pos is None or pos == getattr(self, "_saved_pos", None):
-            return
-        try:
-            store.set_kv(self._KV_FILE_POS, src.path, list(pos))
-            self._saved_pos = pos
-        except Exception as exc:  # noqa: BLE001
-            log.warning("cannot save the kernel log position: %s", exc)
-
-    def _report_kmsg_problem(self, reason: str, message: str) -> None:
-        for check in self.kmsg_checks:
-            res = Result(check=check.name, status=Status.UNKNOWN, target=NODE, reason=reason,
-                         message=message, observed_at=self.ctx.clock.now())
-            self._store(RunOutcome(check.name, (res,), self.ctx.clock.now(), 0.0, False, reason))
+        """Open the kernel log and replay what it holds (skipping what the store has seen),
+        all of it before returning (``--once``-like callers and tests; ``start`` replays in the
+        follower thread instead, beside the scheduler)."""
+        self.kmsg.open()
+        self.kmsg.pump_all()
+        self.kmsg.replay_done.set()
 
     def pump_kmsg(self) -> int:
-        """Read and dispatch every record available now; returns how many were dispatched."""
-        src = self._kmsg_source
-        if src is None:
-            return 0
-        try:
-            items = src.read_available()
-        except OSError as exc:
-            log.error("kernel log read failed: %s", exc)
-            self.ctx.kmsg_error = f"read failed: {exc}"
-            self._report_kmsg_problem("KmsgUnavailable", f"kernel log read failed: {exc}")
-            return 0
-        self.ctx.kmsg_error = None
-        store = self.ctx.store
-        high = None
-        if store is not None and self._boot_id:
-            try:
-                high = store.kmsg_high_water(self._boot_id)
-            except Exception:  # noqa: BLE001
-                high = None
-        n = 0
-        for item in items:
-            if isinstance(item, KmsgGap):
-                with self.stats.lock:
-                    self.stats.kmsg_gaps += 1
-                log.warning("kernel ring buffer overrun: %s records lost (%s)",
-                            item.missed if item.missed is not None else "some", item.reason)
-                self._report_kmsg_problem(
-                    "KmsgOverrun",
-                    f"kernel ring buffer overrun: {item.missed or 'some'} records lost before "
-                    "they were read; events in them may be missed")
-                continue
-            if getattr(item, "malformed", False):
-                with self.stats.lock:
-                    self.stats.kmsg_parse_errors += 1
-            seq = item.seq
-            if seq is not None and high is not None and seq <= high:
-                with self.stats.lock:
-                    self.stats.kmsg_skipped_replay += 1
-                continue
-            self._dispatch(item)
-            if seq is not None and store is not None and self._boot_id:
-                try:
-                    store.mark_kmsg(self._boot_id, seq)
-                except Exception as exc:  # noqa: BLE001
-                    log.error("cannot record kernel-log position: %s", exc)
-            n += 1
-        if n:
-            with self.stats.lock:
-                self.stats.kmsg_records += n
-        if items:
-            self._save_file_position()
-        return n
-
-    def _dispatch(self, record) -> None:
-        for check in self.kmsg_checks:
-            outcome = run_check(check, self.ctx, method="on_kmsg", record=record)
-            if outcome.results:
-                self._store(outcome)
-
-    def _kmsg_loop(self) -> None:
-        src = self._kmsg_source
-        selectable = False
-        watch = None
-        try:
-            selectable = not stat.S_ISREG(os.fstat(src.fileno()).st_mode)
-        except (OSError, AttributeError, ValueError):
-            selectable = False
-        if not selectable:
-            # A regular file never blocks select(): wake on inotify, poll only as a fallback.
-            watch = FileWatch.open(getattr(src, "path", self.ctx.host.paths.kmsg_path))
-        try:
-            while not self.stop_event.is_set():
-                self.stats.last_kmsg_loop_monotonic = time.monotonic()
-                try:
-                    self.pump_kmsg()
-                except Exception as exc:  # noqa: BLE001 - the follower must survive anything
-                    log.error("kernel-log follower error: %s", exc, exc_info=True)
-                if selectable:
-                    try:
-                        select.select([src.fileno()], [], [], 0.5)
-                    except (OSError, ValueError):
-                        self.stop_event.wait(self.kmsg_poll_s)
-                elif watch is not None:
-                    watch.wait(0.5)
-                else:
-                    self.stop_event.wait(self.kmsg_poll_s)
-        finally:
-            if watch is not None:
-                watch.close()
+        """Read and dispatch every record available now, batch by batch; how many were
+        handed to a check."""
+        return self.kmsg.pump_all()
 
     # --- lifecycle ---------------------------------------------------------------------------------
 
     def start(self) -> None:
         if self.remediator is not None:
             self.remediator.start()
-        self.open_kmsg()
+        self.kmsg.open()
         if self._kmsg_source is not None:
-            self._kmsg_thread = threading.Thread(target=self._kmsg_loop, name="kmsg",
-                                                 daemon=True)
+            # The replay runs here too, batch by batch, while the scheduler ticks (daemon_kmsg
+            # guarantee 5): a long one is progress on /healthz, not a stalled scheduler.
+            self.stats.last_kmsg_loop_monotonic = time.monotonic()
+            self._kmsg_thread = threading.Thread(
+                target=self.kmsg.loop, args=(self.stop_event, self.kmsg_poll_s), name="kmsg",
+                daemon=True)
             self._kmsg_thread.start()
 
     def run(self) -> None:
@@ -375,11 +262,19 @@ class Daemon:
         self.shutdown()
 
     def health(self) -> tuple[bool, str]:
+        """Liveness: the scheduler ticks and the follower makes progress (a batch, or a wait
+        for more, within ``KMSG_STALL_S``: a hung ``on_kmsg`` shows here). A replay in
+        progress is healthy and says how far it got."""
         now = time.monotonic()
         if now - self.stats.last_tick_monotonic > 30.0:
             return False, "scheduler stalled"
-        if self._kmsg_thread is not None and not self._kmsg_thread.is_alive():
-            return False, "kernel-log follower died"
+        if self._kmsg_thread is not None:
+            if not self._kmsg_thread.is_alive():
+                return False, "kernel-log follower died"
+            if now - self.stats.last_kmsg_loop_monotonic > KMSG_STALL_S:
+                return False, "kernel-log follower stalled"
+            if not self.replayed.is_set():
+                return True, f"ok; replaying the kernel log: {self.stats.kmsg_read} read"
         return True, "ok"
 
     def stop(self, *_args) -> None:

@@ -56,6 +56,9 @@ _NODE_METRICS: tuple[MetricDoc, ...] = (
               "Kernel-log lines that could not be parsed."),
     MetricDoc("gpu_monitor_kmsg_gaps_total", "counter", (),
               "Kernel ring-buffer overruns (records lost before they were read)."),
+    MetricDoc("gpu_monitor_kmsg_read_total", "counter", (),
+              "Kernel-log records (or text-log lines) the daemon's follower has read, whether "
+              "or not a check was handed them; its rate is the ingest rate."),
 )
 #: The collector's own families (the checks' are on the checks).
 METRICS: tuple[MetricDoc, ...] = (*_CHECK_METRICS, *_NODE_METRICS)
@@ -165,7 +168,8 @@ class StoreCollector:
         yield from self._recoveries_metric()
         stats = self.stats()
         for key, name in (("kmsg_parse_errors", "gpu_monitor_kmsg_parse_errors"),
-                          ("kmsg_gaps", "gpu_monitor_kmsg_gaps")):
+                          ("kmsg_gaps", "gpu_monitor_kmsg_gaps"),
+                          ("kmsg_read", "gpu_monitor_kmsg_read")):
             c = CounterMetricFamily(name, _help(name + "_total"))
             c.add_metric([], float(stats.get(key, 0)))
             yield c

@@ -250,6 +250,35 @@ def run_check(check: Check, ctx: Context, method: str = "run", record: object = 
     return RunOutcome(check.name, results, started, duration, True)
 
 
+def run_on_kmsg(check: Check, ctx: Context, record: object) -> RunOutcome | None:
+    """``check.on_kmsg(record)`` called inline (the follower's hot path: no thread, no
+    requirement gate per record); None when it found nothing. Guarantee 1 holds: a crash or a
+    non-Result value becomes the check's ``CheckCrashed`` outcome. There is no timeout here: a
+    call that hangs stops the follower, whose heartbeat the daemon's health reports."""
+    try:
+        results = tuple(check.on_kmsg(record, ctx) or ())
+    except Exception as exc:  # noqa: BLE001 - a check must never crash its caller
+        res = _framework_result(
+            check, ctx, Status.UNKNOWN, "CheckCrashed",
+            f"{check.name} crashed: {type(exc).__name__}: {exc}",
+            {"exception": type(exc).__name__, "error": str(exc)[:500]})
+        ctx.log.error("check %s crashed: %s: %s", check.name, type(exc).__name__, exc,
+                      exc_info=(type(exc), exc, exc.__traceback__))
+        return RunOutcome(check.name, (res,), ctx.clock.now(), 0.0, False, type(exc).__name__)
+    if not results:
+        return None
+    bad = [r for r in results if not isinstance(r, Result)]
+    if bad:
+        res = _framework_result(check, ctx, Status.UNKNOWN, "CheckCrashed",
+                                f"{check.name} returned a non-Result value: {bad[0]!r:.80}")
+        return RunOutcome(check.name, (res,), ctx.clock.now(), 0.0, False, "bad-return")
+    declared = set(check.all_reasons())
+    for r in results:
+        if r.reason not in declared:
+            ctx.log.warning("check %s emitted undeclared reason %s", check.name, r.reason)
+    return RunOutcome(check.name, results, ctx.clock.now(), 0.0, True)
+
+
 def run_suite(checks: Sequence[Check], ctx: Context, fail_fast: bool = False,
               hooks: RunnerHooks | None = None, *, bootstrap: bool = False,
               disabled: Mapping[str, str] | None = None) -> tuple[list[RunOutcome], Report]:

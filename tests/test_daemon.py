@@ -303,12 +303,12 @@ def test_ring_buffer_overrun_reports_unknown_and_keeps_following(sim_env):
     d = Daemon([check], ctx)
     rec = parse_kmsg_record("4,500,1000,-;NVRM: Xid (PCI:0000:53:00): 79, pid=1, name=x")
     d._kmsg_source = _GapSource([[KmsgGap(missed=12, reason="EPIPE")], [rec]])
-    d.pump_kmsg()
+    d.kmsg.pump()  # one batch: one read
     latest = {r.check: r for r in ctx.store.latest_results()}
     assert latest["kmsg_counter"].status is Status.UNKNOWN
     assert latest["kmsg_counter"].reason == "KmsgOverrun" and "12" in latest["kmsg_counter"].message
     assert d.stats_snapshot()["kmsg_gaps"] == 1
-    d.pump_kmsg()
+    d.kmsg.pump()  # one batch: one read
     assert check.seen == [500]
     d.shutdown()
 

@@ -193,6 +193,15 @@ class Database:
             except sqlite3.Error as exc:
                 raise classify(exc, self._path, opening=False) from exc
 
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """One write transaction around several store calls: what they write commits together
+        when the block ends, or (an exception, a crash) none of it does. Other threads wait
+        for the store meanwhile, so keep the block short (the kernel-log follower: one
+        bounded batch of records)."""
+        with self._write():
+            yield
+
     def _since_clause(self, column: str, since: datetime | None,
                       where: list[str], args: list[Any]) -> None:
         if since is not None:

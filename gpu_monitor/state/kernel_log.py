@@ -8,6 +8,7 @@ died between the two adds nothing twice. The per-GPU, per-code counters only go 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -63,6 +64,21 @@ class KernelLogTables(Database):
                 (boot_id, int(seq), now))
             c.execute("INSERT INTO kmsg_seen (boot_id, seq, seen_us) VALUES (?, ?, ?)"
                       " ON CONFLICT (boot_id, seq) DO NOTHING", (boot_id, int(seq), now))
+
+    def mark_kmsg_many(self, boot_id: str, seqs: Sequence[int]) -> None:
+        """``mark_kmsg`` for a batch of records, in one statement pair (the follower's)."""
+        if not seqs:
+            return
+        now = to_us(self._clock.now())
+        with self._write() as c:
+            c.execute(
+                "INSERT INTO kmsg_boots (boot_id, high_water, first_seen_us) VALUES (?, ?, ?)"
+                " ON CONFLICT (boot_id) DO UPDATE SET"
+                " high_water = MAX(high_water, excluded.high_water)",
+                (boot_id, max(int(s) for s in seqs), now))
+            c.executemany("INSERT INTO kmsg_seen (boot_id, seq, seen_us) VALUES (?, ?, ?)"
+                          " ON CONFLICT (boot_id, seq) DO NOTHING",
+                          [(boot_id, int(s), now) for s in seqs])
 
     def kmsg_seen(self, boot_id: str, seq: int) -> bool:
         with self._read() as c:

@@ -726,3 +726,27 @@ def test_a_text_line_of_megabytes_is_one_malformed_record() -> None:
     rec = parse_text_line("4,1,2,-;" + "x" * (2 * 1024 * 1024))
     assert rec is not None and rec.fields["error"] == "line longer than 64 KiB"
     assert len(rec.message) == MAX_LINE_BYTES
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_FORMATS))
+@pytest.mark.parametrize("literals", [("NVRM",), ("SXid",), ("NVRM", "SXid"), ("Xid", "fallen")])
+def test_followed_file_with_literals_gives_the_scans_candidates(
+    fixtures_dir: Path, name: str, literals: tuple[str, ...]
+) -> None:
+    """A follower that pre-searches parses exactly the records the batch scan would keep: every
+    record holding a literal (in its head or a continuation), equal to the full read's, in
+    order, with every line counted as read or skipped."""
+    path = fixtures_dir / "xid_kmsg" / name
+    scanned = list(iter_file(path))
+    if not path.read_bytes().endswith(b"\n"):
+        scanned.pop()
+    want = [r for r in scanned if any(w in r.raw for w in literals) or r.malformed]
+    with KmsgFileSource(str(path)) as src:
+        src.select(literals)
+        got = []
+        while batch := src.read_available(max_records=3):
+            got += batch
+        assert src.parse_errors == sum(r.malformed for r in scanned)
+        assert src.lines_skipped <= sum(1 + len(r.continuation) for r in scanned) - sum(
+            1 + len(r.continuation) for r in want)
+    assert got == want

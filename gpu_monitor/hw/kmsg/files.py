@@ -13,7 +13,7 @@ import io
 import os
 import select
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from gpu_monitor.hw.kmsg.record import (
     MAX_LINE_BYTES,
@@ -26,6 +26,11 @@ from gpu_monitor.hw.kmsg.text import (
 
 # Bytes per read() when following a text file or FIFO.
 FILE_READ_CHUNK = 64 * 1024
+# A bounded read (``max_records`` given) reads at most about this much per call, so a backlog
+# is taken in slices however few of its lines are candidates.
+READ_BUDGET_BYTES = 4 * 1024 * 1024
+# Continuation lines kept for a skipped record head, in case a later one holds a literal.
+HELD_HEAD_BYTES = MAX_LINE_BYTES
 # A one-shot read of a FIFO ends when nothing (no writer, no data) arrives for this long.
 FIFO_IDLE_S = 1.0
 
@@ -148,6 +153,13 @@ def iter_file(path: str | os.PathLike[str], *,
 # ---------------------------------------------------------------------------------------------
 
 
+def _holds(buf: bytearray, start: int, end: int, words: tuple[bytes, ...]) -> bool:
+    for w in words:  # noqa: SIM110 - a plain loop: this runs once per line of a storm
+        if buf.find(w, start, end) >= 0:
+            return True
+    return False
+
+
 class KmsgFileSource:
     """A kernel-log text file or FIFO, followed like ``tail -F``.
 
@@ -158,6 +170,13 @@ class KmsgFileSource:
     never reports end-of-file or hang-up while no writer is attached (Linux semantics).
     ``fileno()`` can change after a rotation; ask again after each ``read_available``.
     A regular file always polls readable, so callers poll it on a timer.
+
+    Pre-search (:meth:`select`): with literals selected, a line none of them occurs in is
+    counted in ``lines_skipped`` and never decoded or parsed -- the batch scan's cut
+    (``kmsg_scan``), applied as lines arrive. A record is still whole: a skipped head is kept
+    (with up to :data:`HELD_HEAD_BYTES` of its continuation lines) until the next head, and a
+    continuation holding a literal brings it back, parsed. Lines that are not UTF-8 or hold a
+    NUL are parsed anyway, so each is still one ``"malformed"`` record (contract 2).
     """
 
     def __init__(self, path: str, from_start: bool = True):
@@ -169,7 +188,16 @@ class KmsgFileSource:
         self._offset = 0
         self._buf = bytearray()
         self._skipping = False  # inside an over-long line, dropping bytes up to its newline
+        self._wanted: tuple[bytes, ...] | None = None
+        self._head: list[tuple[bytes, int, int]] | None = None  # skipped head (+ its lines)
+        self._head_bytes = 0
+        self.lines_skipped = 0
         self._open(seek_end=not from_start)
+
+    def select(self, literals: Iterable[str]) -> None:
+        """Parse only the lines (records) that contain one of ``literals``; none: every line."""
+        words = tuple(sorted({w.encode() for w in literals if w}))
+        self._wanted = words or None
 
     @property
     def parse_errors(self) -> int:
@@ -190,17 +218,23 @@ class KmsgFileSource:
         self._is_fifo = stat.S_ISFIFO(st.st_mode)
         self._ident = (st.st_dev, st.st_ino)
         self._offset = os.lseek(fd, 0, os.SEEK_END) if seek_end and not self._is_fifo else 0
+        self._asm.origin = None if self._is_fifo else self._ident
 
     def read_available(self, max_records: int | None = None) -> list[KmsgRecord | KmsgGap]:
         """Every complete record readable now (at most about ``max_records``)."""
         out: list[KmsgRecord | KmsgGap] = []
         restarts = 0  # one rotation/truncation per call: a file cut again and again can't spin us
+        budget = READ_BUDGET_BYTES if max_records is not None else None
         while True:
             if not self._drain(out, max_records):
                 return out  # limit reached; the rest stays buffered
+            if budget is not None and budget <= 0:
+                return out  # read enough for one call; the held record may still grow
             chunk = self._read_chunk()
             if chunk:
                 self._buf += chunk
+                if budget is not None:
+                    budget -= len(chunk)
                 continue
             if self._is_fifo or restarts or not self._check_rotation(out):
                 break
@@ -215,6 +249,8 @@ class KmsgFileSource:
     def _drain(self, out: list[KmsgRecord | KmsgGap], max_records: int | None) -> bool:
         """Parse the complete lines in the buffer; False when ``max_records`` stopped it."""
         buf = self._buf
+        asm = self._asm
+        base = self._offset - len(buf)  # the file offset of buf[0]
         pos = 0
         done = True
         while True:
@@ -227,19 +263,73 @@ class KmsgFileSource:
             if self._skipping:
                 self._skipping = False
             elif nl - pos > MAX_LINE_BYTES:
-                self._emit(out, self._asm.feed_overlong(bytes(buf[pos : pos + MAX_LINE_BYTES])))
+                asm.line_offset = base + pos
+                self._emit(out, asm.feed_overlong(bytes(buf[pos : pos + MAX_LINE_BYTES])))
             else:
-                self._emit(out, self._asm.feed(bytes(buf[pos:nl])))
+                asm.line_offset = base + pos
+                wanted = self._wanted
+                # bytearray.find per literal (a memchr-driven search) is several times faster
+                # than one alternation regex, which cannot skip ahead on a literal prefix.
+                matched = wanted is None or _holds(buf, pos, nl, wanted)
+                if matched or not self._skip(out, buf, pos, nl, base):
+                    if self._head is not None:
+                        if matched and buf[pos] in b" \t":
+                            self._unskip(out)  # a continuation with a literal: its head too
+                        self._head = None
+                    self._emit(out, asm.feed(bytes(buf[pos:nl])))
             pos = nl + 1
         if pos:
             del buf[:pos]
         if self._skipping:
             buf.clear()
         elif len(buf) > MAX_LINE_BYTES:
-            self._emit(out, self._asm.feed_overlong(bytes(buf[:MAX_LINE_BYTES])))
+            asm.line_offset = base + pos
+            self._emit(out, asm.feed_overlong(bytes(buf[:MAX_LINE_BYTES])))
             buf.clear()
             self._skipping = True
         return done
+
+    def _skip(self, out: list[KmsgRecord | KmsgGap], buf: bytearray, pos: int, nl: int,
+              base: int) -> bool:
+        """Consume a line without a literal unparsed; False when it must be parsed after all
+        (it joins a held record, or it is malformed)."""
+        asm = self._asm
+        line = bytes(buf[pos:nl])
+        if not line or line.isspace():
+            asm.line_no += 1  # blank: no record, and it does not end the held one
+            return True
+        cont = line[0] in b" \t"
+        if cont and asm.accepting:
+            return False
+        if not line.isascii():
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError:
+                return False
+        if b"\x00" in line:
+            return False
+        asm.line_no += 1
+        self.lines_skipped += 1
+        if cont and self._head is not None:
+            if self._head_bytes + len(line) <= HELD_HEAD_BYTES:
+                self._head.append((line, asm.line_no, base + pos))
+                self._head_bytes += len(line)
+            return True
+        self._emit(out, asm.take())  # a new head ends the record held before it
+        self._head = [(line, asm.line_no, base + pos)]
+        self._head_bytes = len(line)
+        return True
+
+    def _unskip(self, out: list[KmsgRecord | KmsgGap]) -> None:
+        """Parse the skipped head and its kept lines (a later continuation holds a literal)."""
+        asm = self._asm
+        here, offset = asm.line_no, asm.line_offset
+        for line, line_no, at in self._head or ():
+            asm.line_no, asm.line_offset = line_no - 1, at
+            self._emit(out, asm.feed(line))
+            self.lines_skipped -= 1
+        asm.line_no, asm.line_offset = here, offset
+        self._head = None
 
     @staticmethod
     def _emit(out: list[KmsgRecord | KmsgGap], rec: KmsgRecord | None) -> None:
@@ -256,9 +346,15 @@ class KmsgFileSource:
         self._offset += len(chunk)
         return chunk
 
-    def _finish_partial(self, out: list[KmsgRecord | KmsgGap]) -> None:
+    def _finish_partial(self, out: list[KmsgRecord | KmsgGap],
+                        where: tuple[tuple[int, int] | None, int]) -> None:
+        """Hand out an unterminated last line; ``where``: its file's identity and offset
+        (taken before a rotation reopened the path)."""
+        self._head = None
         if self._buf and not self._skipping:
+            self._asm.origin, self._asm.line_offset = where
             self._emit(out, self._asm.feed(bytes(self._buf)))
+            self._asm.origin = None if self._is_fifo else self._ident
         self._buf.clear()
         self._skipping = False
 
@@ -268,6 +364,7 @@ class KmsgFileSource:
             st = os.stat(self.path)
         except OSError:
             return False  # rotated away, successor not there yet: keep the old file
+        where = (None if self._is_fifo else self._ident, self._offset - len(self._buf))
         if (st.st_dev, st.st_ino) != self._ident:
             old = self._fd
             try:
@@ -275,20 +372,28 @@ class KmsgFileSource:
             except OSError:
                 return False
             os.close(old)
-            self._finish_partial(out)
+            self._finish_partial(out, where)
             return True
         if os.fstat(self._fd).st_size < self._offset:
-            self._finish_partial(out)
+            self._finish_partial(out, where)
             self._offset = os.lseek(self._fd, 0, os.SEEK_SET)
             return True
         return False
 
     def position(self) -> tuple[int, int, int] | None:
-        """``(device, inode, offset)`` just past the last complete line handed out, for
-        resuming after a restart (None for a FIFO, which cannot be re-read)."""
+        """``(device, inode, offset)`` just past the last record handed out, for resuming
+        after a restart (None for a FIFO, which cannot be re-read). A record still held for
+        its continuation lines, or a skipped head a later line may bring back, is not past:
+        the offset is its first line's, so a restart reads it again."""
         if self._is_fifo or self._ident is None:
             return None
-        return (self._ident[0], self._ident[1], self._offset - len(self._buf))
+        offset = self._offset - len(self._buf)
+        if self._head:
+            offset = min(offset, self._head[0][2])
+        held = self._asm.held_offset
+        if held is not None:
+            offset = min(offset, held)
+        return (self._ident[0], self._ident[1], offset)
 
     def resume(self, position: tuple[int, int, int]) -> bool:
         """Continue from a ``position()`` saved earlier, when it is still the same file and not
@@ -300,7 +405,9 @@ class KmsgFileSource:
             return False
         self._buf.clear()
         self._skipping = False
+        self._head = None
         self._asm = LineAssembler()
+        self._asm.origin = self._ident
         self._offset = os.lseek(self._fd, offset, os.SEEK_SET)
         return True
 

@@ -9,6 +9,7 @@ pasted into a file) read it; see the package docstring for the contract.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -56,7 +57,10 @@ class KmsgRecord:
     ``message`` is the text after any prefix (timestamp, level, host); ``raw`` is the input
     exactly (record or line(s), without the final newline). ``line_no`` is the 1-based line of
     the record's first line in a text source, the 1-based count of records read from a device,
-    or what the caller passed to the parse functions (default 0).
+    or what the caller passed to the parse functions (default 0). ``position`` is
+    ``(device, inode, byte offset)`` of the record's first line in a followed regular file
+    (None elsewhere): unlike ``line_no`` it means the same line after a restart resumes
+    mid-file, so it keys events found in text lines (:func:`text_event_key`).
     """
 
     message: str
@@ -71,6 +75,7 @@ class KmsgRecord:
     host: str | None = None
     fields: Mapping[str, str] = field(default_factory=_no_fields, hash=False)
     continuation: tuple[str, ...] = ()
+    position: tuple[int, int, int] | None = field(default=None, compare=False)
 
     @property
     def text(self) -> str:
@@ -90,6 +95,19 @@ class KmsgGap:
 
     missed: int | None
     reason: str
+
+
+def text_event_key(position: tuple[int, int, int], raw: str) -> int:
+    """A de-duplication key (0 .. 2**63-1, an SQLite integer) for a text line with no kernel
+    sequence number: the file's identity, the line's byte offset and its text.
+
+    The same line read again (a replay from the start, a resume at a saved offset) gives the
+    same key; a different line at the same offset after a copytruncate does not. Collisions
+    between two lines of one boot are a 2**-63 chance per pair.
+    """
+    digest = hashlib.blake2b(f"{position[0]}:{position[1]}:{position[2]}:".encode()
+                             + raw.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
 
 
 class KmsgParseError(ValueError):

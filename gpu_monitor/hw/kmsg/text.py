@@ -302,11 +302,16 @@ class LineAssembler:
     when the next line is not a continuation); ``take`` hands out the one still held.
     """
 
-    __slots__ = ("parse_errors", "line_no", "_pending", "_open", "_cont", "_fields", "_raws")
+    __slots__ = ("parse_errors", "line_no", "origin", "line_offset", "_pending", "_open",
+                 "_cont", "_fields", "_raws")
 
     def __init__(self) -> None:
         self.parse_errors = 0
         self.line_no = 0
+        # A followed regular file's (device, inode); its reader sets ``line_offset`` to the byte
+        # offset of each line before feeding it, and records starting there get ``position``.
+        self.origin: tuple[int, int] | None = None
+        self.line_offset = 0
         self._pending: KmsgRecord | None = None
         self._open = False  # pending record accepts continuation lines
         self._cont: list[str] = []
@@ -316,6 +321,18 @@ class LineAssembler:
     @property
     def holding(self) -> bool:
         return self._pending is not None
+
+    @property
+    def held_offset(self) -> int | None:
+        """The byte offset of the held record's first line (a followed file's reader sets
+        ``origin``), else None: a resume must start there, not past it."""
+        rec = self._pending
+        return rec.position[2] if rec is not None and rec.position is not None else None
+
+    @property
+    def accepting(self) -> bool:
+        """A record is held that an indented line would join as a continuation."""
+        return self._open
 
     def feed(self, data: bytes) -> KmsgRecord | None:
         self.line_no += 1
@@ -363,6 +380,8 @@ class LineAssembler:
 
     def _start(self, rec: KmsgRecord) -> KmsgRecord | None:
         prev = self.take()
+        if self.origin is not None:
+            rec = replace(rec, position=(*self.origin, self.line_offset))
         if rec.source_format == FORMAT_MALFORMED:
             self.parse_errors += 1
         self._pending = rec

@@ -1,0 +1,210 @@
+"""A kernel-log storm against the real daemon: ingest rate, catch-up, RSS and CPU, exact counts.
+
+Runs ``gpu-monitor daemon --simulate h100-sxm-8 --kmsg FILE`` as a subprocess and appends, at a
+paced rate, ``--rate`` dmesg -T lines a second for ``--seconds`` (99% ordinary kernel lines of
+up to 4 KiB, some with bytes that are not UTF-8; 1% Xid 13 lines over the 8 GPUs), plus a
+``--burst-seconds`` burst of ``--burst-rate`` extra Xid lines a second in the middle (issue 18:
+20,500 lines/s for 20 s and a 5 s burst of 2,000 Xids/s). It scrapes /metrics twice a second
+and prints: lines/s written and ingested (``gpu_monitor_kmsg_read_total``, where the daemon has
+it), the time from the flood's end until every Xid is counted, RSS and CPU before, during and
+10 s after, the worst scrape, and whether each GPU's count is exactly what was written.
+
+    python bench/bench_kmsg_storm.py [--seconds 20] [--rate 20500] [--tree DIR]
+
+``--tree DIR`` runs the daemon from another checkout (PYTHONPATH=DIR), to compare with older
+code in one run. Targets: ingest >= 50,000 lines/s, all counted <= 5 s after the flood, RSS
+growth <= 50 MiB, CPU 10 s after within 2x the idle baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import re
+import sys
+import tempfile
+import threading
+import time
+
+import psutil
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _util import free_port, scrape, start_daemon  # noqa: E402
+
+GPU_PCI = ("53", "64", "75", "86", "97", "a8", "b9", "ca")  # the h100-sxm-8 simulation's GPUs
+XID = "NVRM: Xid (PCI:0000:{pci}:00): 13, pid={pid}, name=python, Graphics Exception: ESR 0x{n:x}"
+XID_RE = re.compile(r'gpu_monitor_xid_events_total\{code="13",gpu="(\d+)",uuid="[^"]*"\} '
+                    r"([0-9.e+]+)")
+READ_RE = re.compile(r"^gpu_monitor_kmsg_read_total ([0-9.e+]+)$", re.M)
+SLICE_S = 0.05
+
+
+def stamp(t: float) -> bytes:
+    return time.strftime("[%a %b %e %H:%M:%S %Y] ", time.gmtime(t)).encode()
+
+
+def ordinary(rng: random.Random, i: int) -> bytes:
+    size = int(math.exp(rng.uniform(3.7, 8.3)))  # log-uniform 40 B .. 4 KiB
+    body = f"mlx5_core 0000:3b:00.0: port {i % 4} module event, cable {i} ".encode()
+    body += b"x" * max(0, size - len(body))
+    if i % 50 == 7:
+        body = body[:30] + b"\xff\xfe bad bytes" + body[30:]
+    return body
+
+
+class Sampler:
+    """Scrapes /metrics and samples the daemon's RSS and CPU (``run`` in a thread every 0.5 s,
+    so a slow scrape never holds up the writer)."""
+
+    def __init__(self, port: int, pid: int):
+        self.stop = threading.Event()
+        self.port = port
+        self.proc = psutil.Process(pid)
+        self.worst_scrape = 0.0
+        self.rows: list[tuple[float, float, float | None, dict[int, float], float, float]] = []
+
+    def sample(self) -> tuple[float, float | None, dict[int, float]]:
+        t0 = time.perf_counter()
+        text = scrape(self.port)
+        self.worst_scrape = max(self.worst_scrape, time.perf_counter() - t0)
+        per_gpu = {int(g): float(v) for g, v in XID_RE.findall(text)}
+        m = READ_RE.search(text)
+        read = float(m.group(1)) if m else None
+        cpu = sum(self.proc.cpu_times()[:2])
+        rss = self.proc.memory_info().rss / 2**20
+        self.rows.append((time.monotonic(), sum(per_gpu.values()), read, per_gpu, cpu, rss))
+        return sum(per_gpu.values()), read, per_gpu
+
+
+    def run(self) -> None:
+        while not self.stop.wait(0.5):
+            try:
+                self.sample()
+            except OSError as exc:
+                print(f"scrape failed: {exc}", file=sys.stderr)
+
+
+def cpu_pct(rows, t0: float, t1: float) -> float:
+    inside = [r for r in rows if t0 <= r[0] <= t1]
+    if len(inside) < 2:
+        return float("nan")
+    return 100 * (inside[-1][4] - inside[0][4]) / (inside[-1][0] - inside[0][0])
+
+
+def flood(path: str, args, rng: random.Random) -> tuple[dict[int, int], int, float]:
+    """Append the storm, paced per slice; (Xids written per GPU, lines written, seconds)."""
+    written = dict.fromkeys(range(8), 0)
+    lines = 0
+    pool = [ordinary(rng, i) for i in range(4096)]  # generating each line would pace us
+    start = time.monotonic()
+    burst_from = (args.seconds - args.burst_seconds) / 2
+    with open(path, "ab", buffering=1 << 20) as fh:
+        k = 0
+        while (now := time.monotonic()) - start < args.seconds:
+            elapsed = now - start
+            due = int(elapsed / SLICE_S) + 1
+            if k >= due:
+                time.sleep(min(SLICE_S / 5, (k * SLICE_S) - elapsed))
+                continue
+            k += 1
+            n = int(args.rate * SLICE_S)
+            extra = (int(args.burst_rate * SLICE_S)
+                     if burst_from <= elapsed < burst_from + args.burst_seconds else 0)
+            pre = stamp(time.time())
+            chunk = []
+            for j in range(n + extra):
+                i = lines + j
+                if j >= n or i % 100 == 0:
+                    g = (i // 100 + j) % 8
+                    written[g] += 1
+                    chunk.append(pre + XID.format(pci=GPU_PCI[g], pid=i, n=i).encode())
+                else:
+                    chunk.append(pre + pool[i % 4096])
+            fh.write(b"\n".join(chunk) + b"\n")
+            fh.flush()
+            lines += n + extra
+    return written, lines, time.monotonic() - start
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--rate", type=int, default=20500)
+    ap.add_argument("--burst-seconds", type=float, default=5.0)
+    ap.add_argument("--burst-rate", type=int, default=2000)
+    ap.add_argument("--catch-up-limit", type=float, default=120.0)
+    ap.add_argument("--tree", default=None, help="run the daemon from this checkout")
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="bench-storm-")
+    path = os.path.join(tmp, "kern.log")
+    open(path, "w").close()
+    port = free_port()
+    env = {"PYTHONPATH": os.path.abspath(args.tree)} if args.tree else None
+    daemon = start_daemon(["--simulate", "h100-sxm-8", "--kmsg", path,
+                           "--state", os.path.join(tmp, "state.db")], port, env=env)
+    sampler = Sampler(port, daemon.pid)
+    rng = random.Random(18)
+    try:
+        idle_from = time.monotonic()
+        sampler.sample()
+        thread = threading.Thread(target=sampler.run, daemon=True)
+        thread.start()
+        time.sleep(5)  # the idle baseline (a span of time, not a condition)
+        idle_to = time.monotonic()
+        written, lines, flood_s = flood(path, args, rng)
+        flood_end = time.monotonic()
+        want = sum(written.values())
+        counted, read, per_gpu = 0.0, None, {}
+        while time.monotonic() - flood_end < args.catch_up_limit:
+            try:
+                counted, read, per_gpu = sampler.sample()
+            except OSError as exc:  # a scrape that timed out is a measurement too
+                print(f"scrape failed: {exc}", file=sys.stderr)
+            if counted >= want:
+                break
+            time.sleep(0.2)
+        caught = time.monotonic()
+        settle_end = caught + 12
+        time.sleep(12)  # the 10 s after (a span of time, not a condition)
+        sampler.stop.set()
+        thread.join(30)
+        try:
+            counted, read, per_gpu = sampler.sample()
+        except OSError as exc:
+            print(f"scrape failed: {exc}", file=sys.stderr)
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=30)
+    rows = sampler.rows
+    rss_idle = max(r[5] for r in rows if r[0] <= idle_to)
+    rss_peak = max(r[5] for r in rows)
+    ingest_s = caught - idle_to
+    size = os.path.getsize(path) / 2**20
+    print(f"daemon tree: {args.tree or 'this checkout'}; load average {os.getloadavg()}")
+    print(f"written: {lines} lines ({size:.0f} MiB) in {flood_s:.1f} s = "
+          f"{lines / flood_s:.0f} lines/s; {want} Xids")
+    if read is not None:
+        print(f"ingested: {read:.0f} lines read by the daemon; {read / ingest_s:.0f} lines/s "
+              f"from the flood's start to all counted")
+    else:
+        print("ingested: the daemon has no gpu_monitor_kmsg_read_total (older code)")
+    done = counted >= want
+    print(f"catch-up: {'all counted' if done else 'NOT all counted'} "
+          f"{caught - flood_end:.1f} s after the flood's end ({counted:.0f}/{want})")
+    print(f"RSS MiB: idle {rss_idle:.0f}, peak {rss_peak:.0f} (+{rss_peak - rss_idle:.0f}), "
+          f"after {rows[-1][5]:.0f}")
+    print(f"CPU %: idle {cpu_pct(rows, idle_from, idle_to):.1f}, during "
+          f"{cpu_pct(rows, idle_to, flood_end):.1f}, catch-up "
+          f"{cpu_pct(rows, flood_end, caught):.1f}, 10 s after "
+          f"{cpu_pct(rows, caught + 2, settle_end):.1f}")
+    print(f"worst /metrics scrape: {sampler.worst_scrape * 1e3:.0f} ms")
+    exact = all(per_gpu.get(g, 0) == n for g, n in written.items())
+    print(f"exactly once per GPU: {'yes' if exact else ('NO' if any(per_gpu.get(g, 0) > n for g, n in written.items()) else 'not yet (none twice)')} "
+          f"(written {written}, counted {per_gpu})")
+    return 0 if done and exact else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,238 @@
+"""The kernel-log follower's batch path (gpu_monitor/daemon_kmsg.py): no thread per record, a
+crashing check isolated, only candidates dispatched, one transaction per batch (a process
+killed inside a batch loses and doubles nothing), and a long replay beside the scheduler."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+from checks.xid import Xid
+from gpu_monitor.check import Check
+from gpu_monitor.daemon import Daemon
+from gpu_monitor.daemon_kmsg import BATCH_RECORDS
+from gpu_monitor.model import Kind, Status
+from tests.test_daemon import sim_env  # noqa: F401 - the fixture's one home
+from tests.waiting import eventually
+
+XID = "NVRM: Xid (PCI:0000:53:00): 13, pid=42, name=python, Graphics Exception line {n}"
+
+
+class Seen(Check):
+    """Collects what it is handed; ``kmsg_literals`` as given."""
+
+    name = "seen"
+    kinds = frozenset({Kind.PASSIVE})
+
+    def __init__(self, literals=()):
+        self.kmsg_literals = tuple(literals)
+        self.seen: list[str] = []
+
+    def on_kmsg(self, record, ctx):
+        self.seen.append(record.message)
+        return ()
+
+
+class Crashes(Check):
+    name = "crashes"
+    kinds = frozenset({Kind.PASSIVE})
+
+    def on_kmsg(self, record, ctx):
+        raise RuntimeError("parser bug")
+
+
+def _text_log(ctx, tmp_path, lines):
+    path = tmp_path / "kern.log"
+    path.write_text("".join((line if line[:1].isspace() else f"[{1000 + i}.000000] {line}")
+                            + "\n" for i, line in enumerate(lines)))
+    ctx.host.paths = dataclasses.replace(ctx.host.paths, kmsg=str(path))
+    return path
+
+
+def _storm(n: int, every: int = 100) -> list[str]:
+    return [XID.format(n=i) if i % every == 0 else f"mlx5_core 0000:3b:00.0: noise {i}"
+            for i in range(n)]
+
+
+def test_dispatch_starts_no_thread_per_record(sim_env, tmp_path, monkeypatch):  # noqa: F811
+    _, ctx = sim_env()
+    _text_log(ctx, tmp_path, [XID.format(n=i) for i in range(300)])
+    check = Seen()
+    d = Daemon([check], ctx)
+    starts = []
+    real_start = threading.Thread.start
+    monkeypatch.setattr(threading.Thread, "start",
+                        lambda self: (starts.append(self.name), real_start(self))[1])
+    d.open_kmsg()
+    d.shutdown()
+    assert len(check.seen) == 300
+    assert starts == []
+
+
+def test_a_crashing_check_does_not_stop_the_other_or_the_follower(sim_env, tmp_path):  # noqa: F811
+    _, ctx = sim_env()
+    _text_log(ctx, tmp_path, [XID.format(n=i) for i in range(5)])
+    good = Seen()
+    d = Daemon([Crashes(), good], ctx)
+    d.open_kmsg()
+    d.shutdown()
+    assert len(good.seen) == 5
+    crashed = {r.check: r for r in ctx.store.latest_results()}["crashes"]
+    assert crashed.status is Status.UNKNOWN and crashed.reason == "CheckCrashed"
+    assert "parser bug" in crashed.message
+
+
+def test_only_records_holding_a_checks_literal_reach_it(sim_env, tmp_path):  # noqa: F811
+    _, ctx = sim_env()
+    lines = _storm(1000, every=50) + ["  a continuation holding NVRM"]
+    _text_log(ctx, tmp_path, lines)
+    picky, everything = Seen(("NVRM",)), Seen()
+    d = Daemon([picky, everything], ctx)
+    d.open_kmsg()
+    d.shutdown()
+    assert len(everything.seen) == 1000  # the continuation joined the last record
+    assert len(picky.seen) == 20 + 1  # the Xids, and the noise line with that continuation
+    assert d.stats.kmsg_read >= 1000
+
+
+def test_a_text_log_only_one_check_wants_is_not_parsed_line_by_line(sim_env, tmp_path):  # noqa: F811
+    _, ctx = sim_env()
+    _text_log(ctx, tmp_path, _storm(2000))
+    d = Daemon([Xid()], ctx)
+    d.open_kmsg()
+    d.shutdown()
+    assert d._kmsg_source is None or d.kmsg.source.lines_skipped == 2000 - 20
+    assert sum(ctx.store.xid_counts(kind="xid").values()) == 20
+
+
+_CHILD = textwrap.dedent("""
+    import dataclasses, os, sys
+    from checks.xid import Xid
+    from gpu_monitor.check import Check, Context
+    from gpu_monitor.clock import FakeClock
+    from gpu_monitor.config import DEFAULT_CONFIG
+    from gpu_monitor.daemon import Daemon
+    from gpu_monitor.model import Kind
+    from gpu_monitor.profiles import load_profile
+    from gpu_monitor.sim.node import SimulatedNode
+    from gpu_monitor.state import Store
+
+    class DiesAt(Check):
+        name = "dies_at"
+        kinds = frozenset({Kind.PASSIVE})
+        kmsg_literals = ("NVRM",)
+        def __init__(self):
+            self.n = 0
+        def on_kmsg(self, record, ctx):
+            self.n += 1
+            if self.n == int(sys.argv[3]):
+                os._exit(9)  # killed inside a batch, after some of its events were written
+            return ()
+
+    node = SimulatedNode(load_profile("h100-sxm-8"))
+    clock = FakeClock()
+    ctx = Context(host=node.host(), profile=load_profile("h100-sxm-8").for_simulation(),
+                  config=DEFAULT_CONFIG, clock=clock, store=Store.open(sys.argv[1], clock=clock),
+                  one_shot=False)
+    ctx.host.paths = dataclasses.replace(ctx.host.paths, kmsg=sys.argv[2])
+    Daemon([Xid(), DiesAt()], ctx).open_kmsg()
+""")
+
+
+def test_a_process_killed_inside_a_batch_counts_every_xid_once_after_restart(
+        sim_env, tmp_path):  # noqa: F811
+    _, ctx = sim_env()
+    lines = _storm(30 * BATCH_RECORDS, every=10)  # a batch: BATCH_RECORDS candidates
+    _text_log(ctx, tmp_path, lines)
+    xids = sum(1 for line in lines if "Xid" in line)
+    die_at = BATCH_RECORDS + 30  # in the second batch
+    child = subprocess.run(
+        [sys.executable, "-c", _CHILD, ctx.store.path, ctx.host.paths.kmsg_path, str(die_at)],
+        env={**os.environ, "PYTHONPATH": os.getcwd()}, capture_output=True, text=True,
+        timeout=120)
+    assert child.returncode == 9, child.stderr
+    committed = sum(ctx.store.xid_counts(kind="xid").values())
+    assert committed == BATCH_RECORDS  # the first batch committed; the killed one did not
+    d = Daemon([Xid()], ctx)
+    d.open_kmsg()
+    d.shutdown()
+    assert sum(ctx.store.xid_counts(kind="xid").values()) == xids
+    assert len(ctx.store.xid_events(kind="xid")) == xids
+
+
+def test_a_long_replay_runs_beside_the_scheduler_and_reports_progress(sim_env, tmp_path):  # noqa: F811
+    _, ctx = sim_env()
+    _text_log(ctx, tmp_path, _storm(20 * BATCH_RECORDS))
+    release = threading.Event()
+
+    class Slowish(Seen):
+        def on_kmsg(self, record, ctx):  # a replay that takes a while: held until released
+            release.wait(30)
+            return ()
+
+    d = Daemon([Xid(), Slowish(("NVRM",))], ctx)
+    runner = threading.Thread(target=d.run, daemon=True)
+    runner.start()
+    try:
+        eventually(lambda: d.stats.last_tick_monotonic and d.kmsg.source is not None,
+                   what="daemon started")
+        healthy, message = d.health()
+        assert healthy and "replaying" in message  # the scheduler ticks while replay runs
+        assert not d.replayed.is_set()
+        release.set()
+        eventually(d.replayed.is_set, timeout=120, what="replay done")
+        assert d.health() == (True, "ok")
+        assert sum(ctx.store.xid_counts(kind="xid").values()) == len(range(0, 20 * BATCH_RECORDS, 100))
+    finally:
+        release.set()
+        d.stop()
+        runner.join(30)
+
+
+def test_a_batch_and_a_poll_of_the_same_check_do_not_deadlock(sim_env, tmp_path):  # noqa: F811
+    """poll takes the check's lock, then the store's; a batch must take them in that order
+    too (it once held the store's transaction and waited for the check's lock: a storm
+    beside the xid check's poll froze the daemon)."""
+    _, ctx = sim_env()
+    _text_log(ctx, tmp_path, [XID.format(n=i) for i in range(3)])
+    class Locking(Seen):  # like Xid: on_kmsg and poll share state under one lock
+        def __init__(self):
+            super().__init__()
+            self._lock = threading.RLock()
+
+        def on_kmsg(self, record, ctx):
+            with self._lock:
+                return super().on_kmsg(record, ctx)
+
+    check = Locking()
+    d = Daemon([check], ctx)
+    d.kmsg.open()
+    held, in_tx = threading.Event(), threading.Event()
+    real_batch = ctx.store.batch
+
+    def batch():
+        in_tx.set()
+        return real_batch()
+
+    ctx.store.batch = batch
+
+    def poll():  # what Xid.poll does: its lock, then the store
+        with check._lock:
+            held.set()
+            in_tx.wait(2)  # a batch that got the transaction first would now be waiting
+            ctx.store.get_kv("seen", "open")
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    held.wait(10)
+    pumper = threading.Thread(target=d.kmsg.pump_all, daemon=True)
+    pumper.start()
+    pumper.join(30)
+    poller.join(30)
+    assert not pumper.is_alive() and not poller.is_alive(), "deadlocked"
+    assert len(check.seen) == 3
+    d.shutdown()
