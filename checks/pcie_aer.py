@@ -273,22 +273,20 @@ class PcieAer(Check):
         results = [self._judge(ctx, w, now, boot, grace) for w in watched]
         return results if ctx.one_shot else self._clear.track(ctx, results)
 
-    def _judge(self, ctx: Context, w: Watched, now: float, boot: str | None,
-               grace: bool) -> Result:
+    @staticmethod
+    def _readings(ctx: Context, w: Watched, window_s: float, per_min: float,
+                  errors: list[str]) -> dict[str, Any]:
+        """The details every result of ``w`` carries: identity, counter totals, link, replays
+        (what the metric families export) and the read errors."""
         dev = w.device
-        target = pcie_target(dev.address)
-        window_s = float(ctx.setting(self.name, "window_s"))
-        per_min = float(ctx.setting(self.name, "correctable_per_min_degraded"))
         counters = _totals(dev)
-        totals = {k: (None if c is None else c.total) for k, c in counters.items()}
-        errors = [str(e) for e in dev.errors_for(*AER_ATTRS, "vendor", "class")]
         details: dict[str, Any] = {"pci_address": dev.address, "device_kind": w.kind,
                                    **w.names, "window_s": window_s,
                                    "correctable_per_min_degraded": per_min}
-        for k in counters:
-            details[f"{k}_total"] = totals[k]
-            if _nonzero(counters[k]):
-                details[f"{k}_counters"] = _nonzero(counters[k])
+        for k, c in counters.items():
+            details[f"{k}_total"] = None if c is None else c.total
+            if _nonzero(c):
+                details[f"{k}_counters"] = _nonzero(c)
         link = [getattr(dev, attr) for attr in LINK_READINGS]
         if any(v is not None for v in link):
             details["pcie_link"] = link
@@ -299,6 +297,17 @@ class PcieAer(Check):
                 details["replay_counter_error"] = str(err)
         if errors:
             details["read_errors"] = errors
+        return details
+
+    def _judge(self, ctx: Context, w: Watched, now: float, boot: str | None,
+               grace: bool) -> Result:
+        dev = w.device
+        target = pcie_target(dev.address)
+        window_s = float(ctx.setting(self.name, "window_s"))
+        per_min = float(ctx.setting(self.name, "correctable_per_min_degraded"))
+        totals = {k: (None if c is None else c.total) for k, c in _totals(dev).items()}
+        errors = [str(e) for e in dev.errors_for(*AER_ATTRS, "vendor", "class")]
+        details = self._readings(ctx, w, window_s, per_min, errors)
         if all(v is None for v in totals.values()) and not errors:
             return self.result(ctx, Status.SKIPPED, target, "NotSupported",
                                f"{target} exports no AER counters (no AER capability)", details)
