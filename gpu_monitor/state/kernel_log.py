@@ -55,15 +55,7 @@ class KernelLogTables(Database):
 
     def mark_kmsg(self, boot_id: str, seq: int) -> None:
         """Remember that record ``seq`` of boot ``boot_id`` was handled."""
-        now = to_us(self._clock.now())
-        with self._write() as c:
-            c.execute(
-                "INSERT INTO kmsg_boots (boot_id, high_water, first_seen_us) VALUES (?, ?, ?)"
-                " ON CONFLICT (boot_id) DO UPDATE SET"
-                " high_water = MAX(high_water, excluded.high_water)",
-                (boot_id, int(seq), now))
-            c.execute("INSERT INTO kmsg_seen (boot_id, seq, seen_us) VALUES (?, ?, ?)"
-                      " ON CONFLICT (boot_id, seq) DO NOTHING", (boot_id, int(seq), now))
+        self.mark_kmsg_many(boot_id, (seq,))
 
     def mark_kmsg_many(self, boot_id: str, seqs: Sequence[int]) -> None:
         """``mark_kmsg`` for a batch of records, in one statement pair (the follower's)."""
