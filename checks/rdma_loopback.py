@@ -4,7 +4,10 @@ A NIC that trained at a lower rate, sits in a degraded PCIe slot, or whose GPUDi
 broken still shows ``ACTIVE`` in sysfs; only moving data shows it. For each active port this
 check starts a perftest ``ib_write_bw`` server and a client on the same host and device (the
 loopback Azure's HPC health checks use), 8 MiB messages (``rdma.message_bytes``),
-``--report_gbits``, one TCP port per device (``tcp_port_base`` + n), and holds the measured
+``--report_gbits``, one TCP port per device (``tcp_port_base`` + n; a port another process
+already holds — a stale perftest, another check — makes the server say "Couldn't listen to
+port", and the check moves that device up by the number of devices, at most
+``PORT_TRIES`` times, recording ``tcp_ports_tried``), and holds the measured
 average against ``rdma.loopback_floor_gbit_per_s``: below → failed ``RdmaBandwidthLow``, within
 the warning band above it → degraded ``RdmaBandwidthNearFloor``.
 
@@ -42,6 +45,9 @@ BANNER = "Waiting for client to connect"
 # perftest's Gb/sec is payload; no loopback moves more than the port's data rate. The slack
 # covers rounding in the rate file ("2.5 Gb/sec") and timer jitter, not a faster link.
 RATE_SLACK = 0.05
+# Ports tried per device when the server cannot listen (base + n, then + k x device count).
+PORT_TRIES = 3
+BUSY = "Couldn't listen to port"
 
 
 class _Drain:
@@ -136,7 +142,9 @@ class RdmaLoopback(Check):
                     "loopback test", {"state": port.state, "phys_state": port.phys_state}))
                 continue
             gpu = _gpu_for(ctx, port) if cuda else None
-            results.append(self._one(ctx, port, s, s["tcp_port_base"] + n, cuda, gpu))
+            candidates = [p for p in (s["tcp_port_base"] + n + k * len(ports)
+                                      for k in range(PORT_TRIES)) if p <= 65535]
+            results.append(self._one(ctx, port, s, candidates, cuda, gpu))
         return results
 
     @staticmethod
@@ -170,8 +178,28 @@ class RdmaLoopback(Check):
 
     # --- one port ------------------------------------------------------------------------------
 
-    def _one(self, ctx: Context, port: IbPort, s: dict[str, Any], tcp_port: int,
+    def _one(self, ctx: Context, port: IbPort, s: dict[str, Any], tcp_ports: list[int],
              cuda: str | None, gpu: tuple[int, str] | None) -> Result:
+        """One device's loopback, on the first of ``tcp_ports`` its server can listen on."""
+        tried: list[int] = []
+        for tcp_port in tcp_ports:
+            tried.append(tcp_port)
+            outcome = self._attempt(ctx, port, s, tcp_port, cuda, gpu)
+            if isinstance(outcome, Result):
+                return outcome
+            client, drain, server_done, details = outcome
+            busy = client is None and BUSY in drain.text
+            if not busy or tcp_port == tcp_ports[-1]:
+                break
+        details["tcp_ports_tried"] = tried
+        return self._judge(ctx, ib_target(port.device, port.port), port, s, client, drain,
+                           server_done, details)
+
+    def _attempt(self, ctx: Context, port: IbPort, s: dict[str, Any], tcp_port: int,
+                 cuda: str | None, gpu: tuple[int, str] | None
+                 ) -> Result | tuple[Any, _Drain, bool, dict[str, Any]]:
+        """Server and client on ``tcp_port``: what ran (for ``_judge``), or the result when
+        the server could not even start."""
         target = ib_target(port.device, port.port)
         argv = ["ib_write_bw", "-d", port.device, "-i", str(port.port), "-p", str(tcp_port),
                 "-s", str(s["size"]), "-n", str(s["iterations"]), "-F", "--report_gbits"]
@@ -210,7 +238,7 @@ class RdmaLoopback(Check):
                 kill_group(server)
             drain.close()
         details["server_exit_code"] = server.returncode if server_done else None
-        return self._judge(ctx, target, port, s, client, drain, server_done, details)
+        return client, drain, server_done, details
 
     def _judge(self, ctx: Context, target: str, port: IbPort, s: dict[str, Any], client: Any,
                drain: _Drain, server_done: bool, details: dict[str, Any]) -> Result:

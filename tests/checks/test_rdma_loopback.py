@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 
 import pytest
 
-from checks.rdma_loopback import RdmaLoopback
+from checks.rdma_loopback import PORT_TRIES, RdmaLoopback
 from gpu_monitor.config import Config
 from gpu_monitor.model import Action, Status
 from tests.checks.rig import (
@@ -37,9 +38,27 @@ def test_every_active_port_reaches_the_floor_with_gpudirect(judged):
     assert d["gpudirect_gpu"] == 0
     assert "--use_cuda_bus_id=0000:53:00.0" in d["command"]
     assert " -s 8388608 " in d["command"] and "--report_gbits" in d["command"]
-    assert [res[f"ib:mlx5_{i}:1"].details["tcp_port"] for i in range(8)] == list(
+    # One port per device from the base (another process holding one moves it: see below).
+    assert [res[f"ib:mlx5_{i}:1"].details["tcp_ports_tried"][0] for i in range(8)] == list(
         range(18510, 18518))
     assert res["ib:mlx5_7:1"].details["gpudirect_gpu"] == 7
+
+
+def test_a_port_another_process_holds_moves_the_device_up_by_the_device_count(judged):
+    """A stale perftest (or another suite on a shared test machine) listening on the device's
+    port: the server cannot listen, and the check retries one device count higher."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        base = holder.getsockname()[1]
+        if base + 8 * PORT_TRIES > 65535:
+            pytest.skip("the kernel handed out a port at the top of the range")
+        res = judged(*ONLY_MLX5_0, config=Config(checks={"rdma_loopback": {"tcp_port_base": base}}))
+    r = res["ib:mlx5_0:1"]
+    assert r.status is Status.OK, r.message
+    tried = r.details["tcp_ports_tried"]
+    assert tried[0] == base and r.details["tcp_port"] == tried[-1] == base + 8 * (len(tried) - 1)
+    assert len(tried) >= 2
 
 
 def test_low_bandwidth_fails_naming_the_port(judged):
@@ -180,6 +199,16 @@ def test_server_that_dies_before_the_client_is_unknown(bad):
     assert (r.status, r.reason) == (Status.UNKNOWN, "PerftestFailed")
     assert "server for ib:mlx5_0:1 exited 1" in r.message
     assert "Unable to find the Infiniband/RoCE device" in r.message
+
+
+def test_a_server_that_cannot_listen_on_any_port_tried_is_unknown(bad):
+    busy = {"mode": "exit", "banner": False, "code": 1,
+            "stderr": "Couldn't listen to port 18510\nUnable to open file descriptor for socket "
+                      "connection"}
+    r = bad(server=busy)
+    assert (r.status, r.reason) == (Status.UNKNOWN, "PerftestFailed")
+    assert "Couldn't listen" in r.message or "Unable to open file descriptor" in r.message
+    assert list(r.details["tcp_ports_tried"]) == [18510 + 8 * k for k in range(PORT_TRIES)]
 
 
 def test_server_that_never_listens_is_a_hang(bad):
