@@ -43,6 +43,8 @@ from gpu_monitor.remediate.bootstrap_gate import BootstrapGate
 from gpu_monitor.remediate.metrics import remediation_collector
 from gpu_monitor.runner import run_check, run_suite
 from gpu_monitor.suite import bootstrap_suite, select_checks
+from gpu_monitor.workloads.metrics import workload_collector
+from gpu_monitor.workloads.sources import make_refresher
 
 log = logging.getLogger(__name__)
 
@@ -297,6 +299,13 @@ class Daemon:
                 pass
 
 
+def _attribution(env):
+    """The workload-attribution refresher of ``workloads.*`` (None when ``off``), not started."""
+    w = env.config.workloads
+    return make_refresher(w.source, w.socket, w.refresh_s, w.timeout_s, w.gpu_resources,
+                          w.rdma_resources, env.host.nvml)
+
+
 def build_registry(daemon: Daemon, store, check_classes, clock, extra=()):
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StoreCollector(store, check_classes, stats=daemon.stats_snapshot,
@@ -417,6 +426,10 @@ def run_daemon(env, checks: Sequence[Check], *, listen: str, force: bool = False
                          if c.name != "xid"]
         remediator = _remediator(env, retest_checks, kube_factory)
         extra.append(remediation_collector(env.store))
+    attribution = _attribution(env)
+    if attribution is not None:
+        attribution.start()
+        extra.append(workload_collector(attribution))
     daemon = Daemon(checks, ctx, remediator=remediator)
     registry = build_registry(daemon, env.store, [type(c) for c in checks], env.clock,
                               extra=extra)
@@ -437,5 +450,7 @@ def run_daemon(env, checks: Sequence[Check], *, listen: str, force: bool = False
         daemon.run()
     finally:
         exporter.stop()
+        if attribution is not None:
+            attribution.stop()
     log.info("gpu-monitor daemon stopped")
     return 0

@@ -53,6 +53,7 @@ class Snapshot:
     gpus: Mapping[str, tuple[Holder, ...]] = field(default_factory=dict)  # by GPU UUID
     rdma: Mapping[str, tuple[Holder, ...]] = field(default_factory=dict)  # by RDMA device name
     unknown_devices: tuple[str, ...] = ()  # "resource=id" the node does not have
+    gpu_index: Mapping[str, int] = field(default_factory=dict)  # UUID -> NVML index
     reason: str = ""
     read_at: float | None = None  # monotonic time of the mapping's read
 
@@ -93,6 +94,7 @@ def resolve(assignments: Iterable[DeviceAssignment], gpus: Iterable[GpuIdentity]
             rdma_resources: Iterable[str], read_at: float | None = None) -> Snapshot:
     """Map the kubelet's rows onto this node's devices. ``rdma_devices`` maps the RDMA plugin's
     device ids (e.g. PCI addresses) to device names (``mlx5_0``)."""
+    gpus = tuple(gpus)
     lookup = _gpu_lookup(gpus)
     gpu_resources = frozenset(gpu_resources)
     rdma_resources = frozenset(rdma_resources)
@@ -118,7 +120,8 @@ def resolve(assignments: Iterable[DeviceAssignment], gpus: Iterable[GpuIdentity]
     return Snapshot(state="ok", source="kubelet",
                     gpus={k: tuple(v) for k, v in by_gpu.items()},
                     rdma={k: tuple(v) for k, v in by_rdma.items()},
-                    unknown_devices=tuple(unknown), read_at=read_at)
+                    unknown_devices=tuple(unknown), read_at=read_at,
+                    gpu_index={g.uuid: g.index for g in gpus})
 
 
 def from_processes(processes: Mapping[str, Iterable[tuple[int, str]]],
@@ -172,7 +175,8 @@ class Refresher:
                 state = "stale" if last.read_at is not None else "unknown"
                 self._snapshot = Snapshot(state=state, source=self._source, gpus=last.gpus,
                                           rdma=last.rdma, unknown_devices=last.unknown_devices,
-                                          reason=reason, read_at=last.read_at)
+                                          reason=reason, read_at=last.read_at,
+                                          gpu_index=last.gpu_index)
             return self._snapshot
 
     def start(self) -> None:
