@@ -60,12 +60,35 @@ class Snapshot:
     def holders_of_gpu(self, uuid: str) -> tuple[Holder, ...]:
         return self.gpus.get(uuid, ())
 
+    def holders_of_target(self, target: str) -> tuple[Holder, ...]:
+        """The holders of a result's ``gpu:<index>`` target (none for other targets)."""
+        kind, _, rest = target.partition(":")
+        if kind != "gpu" or not rest.isdigit():
+            return ()
+        for uuid, index in self.gpu_index.items():
+            if index == int(rest):
+                return self.holders_of_gpu(uuid)
+        return ()
+
     def holders_of_rdma(self, names: Iterable[str]) -> tuple[Holder, ...]:
         seen: dict[Holder, None] = {}
         for name in names:
             for holder in self.rdma.get(name, ()):
                 seen[holder] = None
         return tuple(seen)
+
+
+def holder_note(snapshot: Snapshot, target: str, limit: int = 3) -> str:
+    """What an event about ``target`` says about who holds it: `` (pod ml/trainer-0, container
+    main)``, with the mapping's staleness when it is stale; empty when nobody is known to."""
+    holders = [h for h in snapshot.holders_of_target(target) if h.pod]
+    if not holders:
+        return ""
+    named = ", ".join(f"pod {h.namespace}/{h.pod}, container {h.container}"
+                      for h in holders[:limit])
+    more = f" and {len(holders) - limit} more" if len(holders) > limit else ""
+    stale = "; attribution stale" if snapshot.state == "stale" else ""
+    return f" (held by {named}{more}{stale})"
 
 
 UNKNOWN = Snapshot(state="unknown", source="off", reason="not read yet")
