@@ -168,6 +168,21 @@ class NcclConfig:
 
 
 @dataclass(frozen=True)
+class WorkloadsConfig:
+    """Attribution of devices to pods (docs/workloads.md)."""
+
+    source: str = "auto"  # auto: the kubelet's socket when it exists, else NVML's processes
+    socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    refresh_s: float = 30.0
+    timeout_s: float = 2.0
+    gpu_resources: tuple[str, ...] = ("nvidia.com/gpu",)  # plus every nvidia.com/mig-* resource
+    rdma_resources: tuple[str, ...] = ()
+
+
+WORKLOAD_SOURCES = ("auto", "kubelet", "nvml", "off")
+
+
+@dataclass(frozen=True)
 class Config:
     """One validated configuration. ``DEFAULT_CONFIG`` is the no-file value."""
 
@@ -184,6 +199,7 @@ class Config:
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
     remediation: RemediationConfig = field(default_factory=RemediationConfig)
     nccl: NcclConfig = field(default_factory=NcclConfig)
+    workloads: WorkloadsConfig = field(default_factory=WorkloadsConfig)
     source: str | None = field(default=None, compare=False)
 
     # --- checks ---------------------------------------------------------------------------
@@ -322,6 +338,12 @@ _TAINT_KEY = Str(pattern=r"([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?"
                  what="a Kubernetes taint key such as 'gpu-monitor.io/unhealthy'")
 
 
+# A Kubernetes extended resource name: a DNS-subdomain prefix "/" a name.
+_RESOURCE_NAME = Str(pattern=r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/"
+                             r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?",
+                     what="an extended resource name such as 'nvidia.com/gpu'")
+
+
 @functools.cache
 def config_schema() -> Map:
     """The schema of the config file. Composed on first use: its ``checks`` blocks and
@@ -374,6 +396,14 @@ def config_schema() -> Map:
             "ib_timeout": Nullable(Int(1, 31)),
             "ib_retry_cnt": Nullable(Int(0, 7)),
         }),
+        "workloads": Map({
+            "source": Str(choices=WORKLOAD_SOURCES, lower=True),
+            "socket": Str(what="a unix socket path"),
+            "refresh_s": SECONDS,
+            "timeout_s": SECONDS,
+            "gpu_resources": List(_RESOURCE_NAME),
+            "rdma_resources": List(_RESOURCE_NAME),
+        }),
     }, doc="a mapping")
 
 
@@ -409,6 +439,10 @@ def _cross_checks(data: Mapping[str, Any]) -> list[tuple[str, str]]:
         if ((data.get("checks") or {}).get(name) or {}).get("enabled") is True:
             problems.append((f"checks.{name}.enabled",
                              f"true, but {name!r} is in disabled_checks"))
+    workloads = data.get("workloads") or {}
+    refresh = workloads.get("refresh_s", WorkloadsConfig.refresh_s)
+    if workloads.get("timeout_s", WorkloadsConfig.timeout_s) > refresh:
+        problems.append(("workloads.timeout_s", f"longer than workloads.refresh_s ({refresh:g})"))
     return problems
 
 
@@ -433,18 +467,23 @@ def parse_config(data: Any, source: str | None = None,
     for key in ("enabled_checks", "disabled_checks"):
         if values.get(key) is not None:
             values[key] = tuple(values[key])
+    workloads = dict(values.get("workloads") or {})
+    for key in ("gpu_resources", "rdma_resources"):
+        if key in workloads:
+            workloads[key] = tuple(workloads[key])
     for key in ("profile_overrides", "checks"):
         if key in values:
             values[key] = freeze(values[key])
     values["source"] = source
     remediation_nested = {"breaker": BreakerConfig, "drain": DrainConfig}
     config = Config(**{k: v for k, v in values.items()
-                       if k not in ("daemon", "remediation", "nccl")})
+                       if k not in ("daemon", "remediation", "nccl", "workloads")})
     return replace(config,
                    daemon=_build(DaemonConfig, values.get("daemon") or {}),
                    remediation=_build(RemediationConfig, values.get("remediation") or {},
                                       remediation_nested),
-                   nccl=_build(NcclConfig, values.get("nccl") or {}))
+                   nccl=_build(NcclConfig, values.get("nccl") or {}),
+                   workloads=_build(WorkloadsConfig, workloads))
 
 
 def load_config(path: str | os.PathLike[str] | None = None,

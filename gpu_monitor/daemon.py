@@ -43,6 +43,9 @@ from gpu_monitor.remediate.bootstrap_gate import BootstrapGate
 from gpu_monitor.remediate.metrics import remediation_collector
 from gpu_monitor.runner import run_check, run_suite
 from gpu_monitor.suite import bootstrap_suite, select_checks
+from gpu_monitor.workloads.attribution import holder_note
+from gpu_monitor.workloads.metrics import workload_collector
+from gpu_monitor.workloads.sources import make_refresher
 
 log = logging.getLogger(__name__)
 
@@ -297,6 +300,13 @@ class Daemon:
                 pass
 
 
+def _attribution(env):
+    """The workload-attribution refresher of ``workloads.*`` (None when ``off``), not started."""
+    w = env.config.workloads
+    return make_refresher(w.source, w.socket, w.refresh_s, w.timeout_s, w.gpu_resources,
+                          w.rdma_resources, env.host.nvml)
+
+
 def build_registry(daemon: Daemon, store, check_classes, clock, extra=()):
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StoreCollector(store, check_classes, stats=daemon.stats_snapshot,
@@ -304,7 +314,7 @@ def build_registry(daemon: Daemon, store, check_classes, clock, extra=()):
     return registry
 
 
-def _remediator(env, checks_for_retest, kube_factory=None):
+def _remediator(env, checks_for_retest, kube_factory=None, holders=None):
     """The node's remediator when remediation is enabled in the config (else None): its
     delivery on Kubernetes and its actuator on this host, built here and injected."""
     from gpu_monitor.host_actuator import HostActuator
@@ -323,7 +333,7 @@ def _remediator(env, checks_for_retest, kube_factory=None):
     return Remediator.from_config(
         env.store, env.config, env.node, delivery, actuator, clock=env.clock,
         retest=suite_retest(checks_for_retest, env.context(force=True)),
-        report_dir=report_dir, watch_reports=True,
+        report_dir=report_dir, watch_reports=True, workload_note=holders,
     )
 
 
@@ -410,12 +420,18 @@ def run_daemon(env, checks: Sequence[Check], *, listen: str, force: bool = False
     env.host.start(env.clock)
     remediator = None
     extra = []
+    attribution = _attribution(env)
+    holders = None
+    if attribution is not None:
+        attribution.start()
+        extra.append(workload_collector(attribution))
+        holders = lambda target: holder_note(attribution.current(), target)  # noqa: E731
     if env.config.remediation.enabled:
         # The retest after a GPU reset is the bootstrap suite minus the kernel-log scan (its
         # one-shot run would re-report the Xid that caused the quarantine).
         retest_checks = [c for c in select_checks(env.config, kinds={Kind.BOOTSTRAP})
                          if c.name != "xid"]
-        remediator = _remediator(env, retest_checks, kube_factory)
+        remediator = _remediator(env, retest_checks, kube_factory, holders)
         extra.append(remediation_collector(env.store))
     daemon = Daemon(checks, ctx, remediator=remediator)
     registry = build_registry(daemon, env.store, [type(c) for c in checks], env.clock,
@@ -437,5 +453,7 @@ def run_daemon(env, checks: Sequence[Check], *, listen: str, force: bool = False
         daemon.run()
     finally:
         exporter.stop()
+        if attribution is not None:
+            attribution.stop()
     log.info("gpu-monitor daemon stopped")
     return 0

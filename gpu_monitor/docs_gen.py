@@ -88,6 +88,7 @@ SCRAPING = (
 def metrics_md() -> str:
     from gpu_monitor.metrics import documented_metrics
     from gpu_monitor.remediate.metrics import REMEDIATION_METRICS
+    from gpu_monitor.workloads.metrics import WORKLOAD_METRICS
 
     lines = [HEADER, "# Metrics reference\n\n",
              "Served on `/metrics` (default `0.0.0.0:9425`), built from the state store at "
@@ -95,7 +96,7 @@ def metrics_md() -> str:
              "marks counters.\n\n",
              SCRAPING,
              "| metric | type | labels | meaning |\n", "|---|---|---|---|\n"]
-    for m in [*documented_metrics(), *REMEDIATION_METRICS]:
+    for m in [*documented_metrics(), *REMEDIATION_METRICS, *WORKLOAD_METRICS]:
         lines.append(f"| `{m.name}` | {m.type} | {', '.join(f'`{x}`' for x in m.labels) or '-'}"
                      f" | {m.help} |\n")
     lines.extend(_metrics_conventions())

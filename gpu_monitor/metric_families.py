@@ -58,7 +58,10 @@ LABELS: Mapping[str, str] = {
              "partial, low, none",
     "severity": "a PCIe AER severity: correctable, nonfatal, fatal",
     "action": "a remediation action",
-    "result": "the outcome of a remediation action or a drain's eviction",
+    "result": "the outcome of a remediation action, a drain's eviction or an attribution read",
+    "namespace": "the Kubernetes namespace of the pod holding a device",
+    "pod": "the name of the pod holding a device",
+    "container": "the container (in `pod`) the device is allocated to",
 }
 
 

@@ -57,8 +57,11 @@ class Remediator:
                  delivery: NodeDelivery, actuator: Actuator, *, clock: Clock | None = None,
                  retest: Callable[[], Sequence[Result]] | None = None,
                  report_dir: str | None = None, watch_reports: bool = False,
-                 timing: Timing | None = None):
+                 timing: Timing | None = None,
+                 workload_note: Callable[[str], str] | None = None):
         self.store = store
+        # target -> " (held by pod ns/name, container c)" for events; "" when unknown
+        self.workload_note = workload_note or (lambda target: "")
         self.settings = settings
         self.node_name = node_name
         self.delivery = delivery
@@ -313,6 +316,13 @@ class Remediator:
 
     # --- events about findings -----------------------------------------------------------------
 
+    def _holder_note(self, target: str) -> str:
+        try:
+            return self.workload_note(target)
+        except Exception as exc:  # noqa: BLE001 - attribution never stops an event
+            log.warning("workload attribution for %s failed: %s", target, exc)
+            return ""
+
     def _finding_events(self, decision: Decision) -> None:
         evented = self.lifecycle.memo.evented
         policy = self.settings.policy
@@ -324,7 +334,7 @@ class Remediator:
             if key in evented:
                 continue
             evented.add(key)
-            what = f"{r.check} {r.target}: {r.reason}"
+            what = f"{r.check} {r.target}{self._holder_note(r.target)}: {r.reason}"
             if r.message:
                 what += f": {r.message}"
             if t.pending:

@@ -1,0 +1,1 @@
+"""Workload attribution: which pod (or, off Kubernetes, which process) holds which device."""
