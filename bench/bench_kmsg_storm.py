@@ -19,7 +19,7 @@ growth <= 50 MiB, CPU 10 s after within 2x the idle baseline.
 from __future__ import annotations
 
 import argparse
-import math
+import itertools
 import os
 import random
 import re
@@ -31,27 +31,12 @@ import time
 import psutil
 
 sys.path.insert(0, os.path.dirname(__file__))
+from _kmsg_storm import GPU_PCI, SLICE_S, storm_slices  # noqa: E402
 from _util import free_port, scrape, start_daemon  # noqa: E402
 
-GPU_PCI = ("53", "64", "75", "86", "97", "a8", "b9", "ca")  # the h100-sxm-8 simulation's GPUs
-XID = "NVRM: Xid (PCI:0000:{pci}:00): 13, pid={pid}, name=python, Graphics Exception: ESR 0x{n:x}"
 XID_RE = re.compile(r'gpu_monitor_xid_events_total\{code="13",gpu="(\d+)",uuid="[^"]*"\} '
                     r"([0-9.e+]+)")
 READ_RE = re.compile(r"^gpu_monitor_kmsg_read_total ([0-9.e+]+)$", re.M)
-SLICE_S = 0.05
-
-
-def stamp(t: float) -> bytes:
-    return time.strftime("[%a %b %e %H:%M:%S %Y] ", time.gmtime(t)).encode()
-
-
-def ordinary(rng: random.Random, i: int) -> bytes:
-    size = int(math.exp(rng.uniform(3.7, 8.3)))  # log-uniform 40 B .. 4 KiB
-    body = f"mlx5_core 0000:3b:00.0: port {i % 4} module event, cable {i} ".encode()
-    body += b"x" * max(0, size - len(body))
-    if i % 50 == 7:
-        body = body[:30] + b"\xff\xfe bad bytes" + body[30:]
-    return body
 
 
 class Sampler:
@@ -95,36 +80,24 @@ def cpu_pct(rows, t0: float, t1: float) -> float:
 
 def flood(path: str, args, rng: random.Random) -> tuple[dict[int, int], int, float]:
     """Append the storm, paced per slice; (Xids written per GPU, lines written, seconds)."""
-    written = dict.fromkeys(range(8), 0)
+    written = dict.fromkeys(range(len(GPU_PCI)), 0)
     lines = 0
-    pool = [ordinary(rng, i) for i in range(4096)]  # generating each line would pace us
+    slices = storm_slices(rng, seconds=args.seconds, rate=args.rate,
+                          burst_seconds=args.burst_seconds, burst_rate=args.burst_rate)
     start = time.monotonic()
-    burst_from = (args.seconds - args.burst_seconds) / 2
     with open(path, "ab", buffering=1 << 20) as fh:
-        k = 0
-        while (now := time.monotonic()) - start < args.seconds:
-            elapsed = now - start
-            due = int(elapsed / SLICE_S) + 1
-            if k >= due:
-                time.sleep(min(SLICE_S / 5, (k * SLICE_S) - elapsed))
-                continue
-            k += 1
-            n = int(args.rate * SLICE_S)
-            extra = (int(args.burst_rate * SLICE_S)
-                     if burst_from <= elapsed < burst_from + args.burst_seconds else 0)
-            pre = stamp(time.time())
-            chunk = []
-            for j in range(n + extra):
-                i = lines + j
-                if j >= n or i % 100 == 0:
-                    g = (i // 100 + j) % 8
-                    written[g] += 1
-                    chunk.append(pre + XID.format(pci=GPU_PCI[g], pid=i, n=i).encode())
-                else:
-                    chunk.append(pre + pool[i % 4096])
-            fh.write(b"\n".join(chunk) + b"\n")
+        for k in itertools.count():
+            while (wait := start + k * SLICE_S - time.monotonic()) > 0:
+                time.sleep(min(SLICE_S / 5, wait))
+            chunk = next(slices, None)
+            if chunk is None:
+                break
+            data, xids = chunk
+            fh.write(data)
             fh.flush()
-            lines += n + extra
+            lines += data.count(b"\n")
+            for g, n in xids.items():
+                written[g] += n
     return written, lines, time.monotonic() - start
 
 

@@ -34,11 +34,25 @@ log = logging.getLogger(__name__)
 RESET_OK_RESULTS = frozenset({"ok", "success", "succeeded", "done"})
 
 
-def boot_id(ctx: Context) -> str:
+#: The boot id of an event whose boot could not be read (the one value for it: the follower's
+#: high-water mark and the checks' stored events agree on it).
+UNKNOWN_BOOT = "unknown"
+
+
+def read_boot_id(ctx: Context) -> str:
+    """This boot's id from /proc, else :data:`UNKNOWN_BOOT` (identity is best effort)."""
     try:
-        return ctx.host.procfs.boot_id() or "unknown"
+        return ctx.host.procfs.boot_id() or UNKNOWN_BOOT
     except Exception:  # noqa: BLE001 - identity is best effort
-        return "unknown"
+        return UNKNOWN_BOOT
+
+
+def boot_id(ctx: Context) -> str:
+    """The boot id events are keyed by: the one the daemon's follower read when it opened the
+    log (not re-read per record), else read now."""
+    if ctx.kmsg_boot_id is not None:
+        return ctx.kmsg_boot_id
+    return read_boot_id(ctx)
 
 
 def record_seq(record: KmsgRecord) -> int:

@@ -181,16 +181,18 @@ class Xid(Check):
 
     # --- history ------------------------------------------------------------------------------
 
-    def _history(self, ctx: Context, code: int, uuid: str | None, pci: str | None
-                 ) -> list[XidEvent]:
+    def _history(self, ctx: Context, code: int, uuid: str | None, pci: str | None,
+                 since: datetime | None = None) -> list[XidEvent]:
+        """This GPU's earlier events of ``code`` (those at or after ``since`` when given)."""
         if ctx.store is not None:
             try:
-                events = ctx.store.xid_events(uuid=uuid, code=code, kind="xid")
+                events = ctx.store.xid_events(since=since, uuid=uuid, code=code, kind="xid")
             except Exception as exc:  # noqa: BLE001
                 log.warning("xid: cannot read history: %s", exc)
                 events = []
         else:
-            events = [e for e in self._memory if e.code == code]
+            events = [e for e in self._memory
+                      if e.code == code and (since is None or e.observed_at >= since)]
         if uuid:
             return [e for e in events if e.gpu_uuid == uuid]
         return [e for e in events if e.pci_bus_id == pci]
@@ -264,7 +266,10 @@ class Xid(Check):
         if x.code == 79 and self._same_bus_event(uuid or x.pci or target, at, boot,
                                                  x.fallen_off_bus):
             return []
-        prior = [e for e in self._history(ctx, x.code, uuid, x.pci)
+        # An application Xid is judged on its window alone: older history is not read.
+        since = (at - timedelta(seconds=float(ctx.setting(self.name, "app_xid_window_s")))
+                 if cls.category == "application" else None)
+        prior = [e for e in self._history(ctx, x.code, uuid, x.pci, since)
                  if not (e.boot_id == boot and e.seq == seq) and e.observed_at <= at]
         status, action, details = self._judge(cls, x, prior, at, boot, index, uuid, ctx)
         fatal = status is Status.FAILED

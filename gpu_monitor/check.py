@@ -111,6 +111,9 @@ class Context:
     # Inside the daemon: why its kernel-log follower is not reading now (None while it reads),
     # so event-driven checks make no claim about a log nobody is reading.
     kmsg_error: str | None = None
+    # Inside the daemon: the boot id its kernel-log follower read once when it opened the log
+    # (None: read /proc each time). A boot id changes only with a reboot, which ends the daemon.
+    kmsg_boot_id: str | None = None
 
     def required(self, check: Check | type[Check]) -> bool:
         """Whether a bootstrap must run ``check``: ``checks.<name>.required`` from the config,

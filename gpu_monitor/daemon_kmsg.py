@@ -45,6 +45,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from checks._kmsg_events import UNKNOWN_BOOT, read_boot_id
 from gpu_monitor.check import Check, Context
 from gpu_monitor.hw.inotify import FileWatch
 from gpu_monitor.hw.kmsg.record import KmsgGap
@@ -73,7 +74,7 @@ class KmsgFollower:
         self._record = record  # store one outcome (inside the batch's transaction)
         self._consume = consume  # hand a stored outcome on (after the commit)
         self.source = None
-        self.boot_id = ""
+        self.boot_id = UNKNOWN_BOOT
         self.replay_done = threading.Event()
         self._saved_pos = None
         # Per check: its literals (None: every record). The union goes to a text source.
@@ -81,15 +82,20 @@ class KmsgFollower:
         self._literals = (None if any(w is None for w in self._wants)
                           else sorted({w for ws in self._wants for w in ws}))
 
+    @property
+    def _boot_known(self) -> bool:
+        """Whether the high-water mark can be used: under an unread boot id, sequence numbers
+        of different boots would be confused."""
+        return self.boot_id != UNKNOWN_BOOT
+
     # --- opening ---------------------------------------------------------------------------
 
     def open(self) -> None:
         """Open the source and resume a text log where the store says it stopped; on failure
         the checks report the log ``unknown`` and the replay counts as done."""
-        try:
-            self.boot_id = self.ctx.host.procfs.boot_id() or ""
-        except Exception:  # noqa: BLE001
-            self.boot_id = ""
+        # Read once per follower (not per record); the checks key their events by the same.
+        self.boot_id = read_boot_id(self.ctx)
+        self.ctx.kmsg_boot_id = self.boot_id
         if not self.checks:
             self.replay_done.set()
             return
@@ -181,7 +187,7 @@ class KmsgFollower:
     def _handle(self, items, store, outcomes: list[RunOutcome]) -> int:
         """Dispatch a batch and mark it (inside the transaction when there is a store)."""
         high = None
-        if store is not None and self.boot_id:
+        if store is not None and self._boot_known:
             try:
                 high = store.kmsg_high_water(self.boot_id)
             except Exception:  # noqa: BLE001
@@ -203,7 +209,7 @@ class KmsgFollower:
             n += self._dispatch(item, outcomes)
             if seq is not None:
                 seqs.append(seq)
-        if store is not None and self.boot_id and seqs:
+        if store is not None and self._boot_known and seqs:
             store.mark_kmsg_many(self.boot_id, seqs)
         self._save_file_position(store)
         return n

@@ -11,12 +11,13 @@ import sys
 import textwrap
 import threading
 
+from checks._kmsg_events import UNKNOWN_BOOT
 from checks.xid import Xid
 from gpu_monitor.check import Check
 from gpu_monitor.daemon import Daemon
 from gpu_monitor.daemon_kmsg import BATCH_RECORDS
 from gpu_monitor.model import Kind, Status
-from tests.test_daemon import sim_env  # noqa: F401 - the fixture's one home
+from tests.test_daemon import append_kmsg, sim_env  # noqa: F401 - the fixture's one home
 from tests.waiting import eventually
 
 XID = "NVRM: Xid (PCI:0000:53:00): 13, pid=42, name=python, Graphics Exception line {n}"
@@ -236,3 +237,34 @@ def test_a_batch_and_a_poll_of_the_same_check_do_not_deadlock(sim_env, tmp_path)
     assert not pumper.is_alive() and not poller.is_alive(), "deadlocked"
     assert len(check.seen) == 3
     d.shutdown()
+
+
+def test_the_follower_reads_the_boot_id_once_and_keys_every_event_by_it(
+        sim_env, tmp_path, monkeypatch):  # noqa: F811
+    _, ctx = sim_env()
+    _text_log(ctx, tmp_path, _storm(1000))  # 10 XIDs
+    real = ctx.host.procfs.boot_id()
+    calls = []
+    monkeypatch.setattr(ctx.host.procfs, "boot_id", lambda: calls.append(1) or real)
+    d = Daemon([Xid()], ctx)
+    d.open_kmsg()
+    d.shutdown()
+    assert len(calls) == 1  # once per follower, not per record
+    events = ctx.store.xid_events(kind="xid")
+    assert len(events) == 10
+    assert {e.boot_id for e in events} == {real} == {d.kmsg.boot_id}
+
+
+def test_an_unread_boot_id_is_one_value_and_marks_no_high_water(sim_env, monkeypatch):  # noqa: F811
+    _, ctx = sim_env()
+    monkeypatch.setattr(ctx.host.procfs, "boot_id", lambda: None)
+    for seq in (1, 2, 3):
+        append_kmsg(ctx.host.paths.kmsg_path, seq,
+                    f"NVRM: Xid (PCI:0000:53:00): 13, pid=42, name=python, line {seq}")
+    d = Daemon([Xid()], ctx)
+    d.open_kmsg()
+    d.shutdown()
+    assert d.kmsg.boot_id == UNKNOWN_BOOT
+    assert {e.boot_id for e in ctx.store.xid_events(kind="xid")} == {UNKNOWN_BOOT}
+    # Sequence numbers of different boots would be confused under one unread id.
+    assert ctx.store.kmsg_high_water(UNKNOWN_BOOT) is None

@@ -15,6 +15,7 @@ from gpu_monitor.clock import FakeClock
 from gpu_monitor.model import Result, RunOutcome, Status
 from gpu_monitor.state import Store
 from gpu_monitor.state.errors import StoreCorruptError, StoreError, StoreVersionError
+from gpu_monitor.state.kernel_log import XidEvent
 from gpu_monitor.state.schema import APPLICATION_ID, LATEST_VERSION, MIGRATIONS, Migration
 
 # Each shipped migration's SQL as SHA-256 over its statements with white space folded (one
@@ -26,6 +27,7 @@ SHIPPED_SHA256 = {
     1: "4e2251452901b8def3d4543a7a68824dfe6059342d4aad12b42732019ce8c1ac",
     2: "0b0dc7a7bd7e65d8f021daef21105fe410a13edff8d11a0672df93e29f6974ef",
     3: "3699626d7d3788681bfe505e70f2ba56fcd90f93f75172ed524bb02ea9daecfd",
+    4: "b66b2376778b8c888a0f5db557a2904179f383518ab6a6edd080447f4031141d",
 }
 
 
@@ -217,3 +219,29 @@ def test_misnumbered_migrations_are_a_programming_error(tmp_path):
     bad = (MIGRATIONS[0], Migration(3, "skips two", "SELECT 1;"))
     with pytest.raises(ValueError, match="numbered"):
         Store.open(str(tmp_path / "state.db"), migrations=bad)
+
+
+def test_v3_file_gains_the_xid_indexes_keeping_its_events(tmp_path):
+    path = str(tmp_path / "state.db")
+    clock = FakeClock()
+    with Store.open(path, clock, migrations=MIGRATIONS[:3]) as s:
+        for seq in range(5):
+            s.add_xid_event(XidEvent(boot_id="boot-a", seq=seq, observed_at=clock.now(),
+                                     code=13 if seq % 2 else 79, pci_bus_id="0000:53:00.0",
+                                     gpu_uuid="GPU-b6c3", gpu_index=4, kind="xid",
+                                     message=f"event {seq}", fatal=seq % 2 == 0))
+            clock.advance(1)
+        before = s.xid_events()
+    with Store.open(path, clock) as s:
+        assert s.schema_version == LATEST_VERSION
+        assert s.xid_events() == before and len(before) == 5
+        assert [e.seq for e in s.xid_events(uuid="GPU-b6c3", code=79, kind="xid")] == [0, 2, 4]
+        assert s.xid_counts() == {(4, "GPU-b6c3", 13): 2, (4, "GPU-b6c3", 79): 3}
+    raw = sqlite3.connect(path)
+    try:
+        plan = " ".join(str(r[-1]) for r in raw.execute(
+            "EXPLAIN QUERY PLAN SELECT seq FROM xid_events WHERE gpu_uuid = ? AND code = ?"
+            " AND kind = ? ORDER BY observed_us, id", ("GPU-b6c3", 79, "xid")))
+        assert "xid_events_by_gpu_code_time" in plan  # a history read is not a table scan
+    finally:
+        raw.close()

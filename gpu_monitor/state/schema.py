@@ -198,10 +198,20 @@ CREATE TABLE health_report_counters (
 ) WITHOUT ROWID;
 """
 
+# v4: the xid check reads a GPU's history of one code on every Xid event, and its poll the GPU's
+# recent events; with only the time index each read scanned every stored event, which made a
+# hardware-XID storm quadratic. The indexes follow those reads' filters: GPU, kind, then code,
+# then time (the order they come back in).
+_V4 = """
+CREATE INDEX xid_events_by_gpu_code_time ON xid_events(gpu_uuid, kind, code, observed_us);
+CREATE INDEX xid_events_by_gpu_time ON xid_events(gpu_uuid, kind, observed_us);
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _V1),
     Migration(2, "latest-result pointers and time indexes", _V2),
     Migration(3, "run error text; health reports from other detectors", _V3),
+    Migration(4, "XID event indexes by GPU, kind, code and time", _V4),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

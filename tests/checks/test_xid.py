@@ -167,6 +167,28 @@ def test_application_xid_fails_once_it_repeats_beyond_the_threshold(node):
     assert (gpu3.status, gpu3.reason) == (Status.OK, "Cleared")
 
 
+def test_an_application_xid_reads_only_its_windows_history(node, monkeypatch):
+    check = Xid()
+    ctx = node.ctx()
+    for seq in range(1, 4):
+        check.on_kmsg(rec(xid_line(13, seq=seq)), ctx)
+        node.clock.advance(200)
+    node.clock.advance(86400)  # the window (app_xid_window_s) has passed
+    read_back = []
+    real = node.store.xid_events
+
+    def spy(*args, **kwargs):
+        events = real(*args, **kwargs)
+        read_back.append(len(events))
+        return events
+
+    monkeypatch.setattr(node.store, "xid_events", spy)
+    [r] = check.on_kmsg(rec(xid_line(13, seq=4)), ctx)
+    assert r.details["occurrences_in_window"] == 1
+    assert read_back == [0]  # the three events outside the window are not read
+    assert len(real()) == 4
+
+
 def test_threshold_comes_from_settings(node):
     check = Xid()
     ctx = node.ctx(app_xid_repeat_count=2)
