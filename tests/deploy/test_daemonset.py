@@ -264,3 +264,14 @@ def test_kustomize_gives_the_image_a_registry_and_a_pinned_tag():
     name, _, tag = image.rpartition(":")
     assert "/" in name, f"{image}: no registry"
     assert tag == __version__, f"{image}: the tag should be the package version"
+
+
+def test_the_kubelet_pod_resources_socket_is_mounted_read_only_where_the_config_looks():
+    """workloads.socket (its default) must be reachable in the container: the kubelet's
+    pod-resources directory, read-only, at the same path."""
+    from gpu_monitor.workloads.kubelet import DEFAULT_SOCKET
+
+    reached = _host_path_of(_daemonset(), DEFAULT_SOCKET)
+    assert reached is not None, f"nothing mounts {DEFAULT_SOCKET}"
+    host, mount = reached
+    assert host == DEFAULT_SOCKET and mount.get("readOnly") is True
