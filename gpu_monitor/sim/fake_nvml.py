@@ -46,6 +46,7 @@ import uuid as uuidlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
+from gpu_monitor.hw import nvml as nvml_h
 from gpu_monitor.model import canonical_pci
 from gpu_monitor.sim.spec import GpuSpec, NodeSpec
 
@@ -102,28 +103,11 @@ NVML_TEMPERATURE_THRESHOLD_ACOUSTIC_MAX = 6
 NVML_TEMPERATURE_THRESHOLD_GPS_CURR = 7
 NVML_TEMPERATURE_THRESHOLD_COUNT = 8
 
-NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
-NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
-NVML_VOLATILE_ECC = 0
-NVML_AGGREGATE_ECC = 1
-
-NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0
-NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1
-
 NVML_CLOCK_GRAPHICS = 0
 NVML_CLOCK_SM = 1
 NVML_CLOCK_MEM = 2
 NVML_CLOCK_VIDEO = 3
 NVML_CLOCK_COUNT = 4
-
-NVML_PERF_POLICY_POWER = 0
-NVML_PERF_POLICY_THERMAL = 1
-NVML_PERF_POLICY_SYNC_BOOST = 2
-NVML_PERF_POLICY_BOARD_LIMIT = 3
-NVML_PERF_POLICY_LOW_UTILIZATION = 4
-NVML_PERF_POLICY_RELIABILITY = 5
-NVML_PERF_POLICY_TOTAL_APP_CLOCKS = 10
-NVML_PERF_POLICY_TOTAL_BASE_CLOCKS = 11
 
 NVML_VALUE_TYPE_DOUBLE = 0
 NVML_VALUE_TYPE_UNSIGNED_INT = 1
@@ -136,11 +120,6 @@ NVML_VALUE_TYPE_UNSIGNED_SHORT = 6
 NVML_FI_DEV_MEMORY_TEMP = 82
 
 NVML_NVLINK_MAX_LINKS = 36
-NVML_NVLINK_ERROR_DL_REPLAY = 0
-NVML_NVLINK_ERROR_DL_RECOVERY = 1
-NVML_NVLINK_ERROR_DL_CRC_FLIT = 2
-NVML_NVLINK_ERROR_DL_CRC_DATA = 3
-NVML_NVLINK_ERROR_DL_ECC_DATA = 4
 NVML_NVLINK_ERROR_COUNT = 5
 
 NVML_DEVICE_MIG_DISABLE = 0
@@ -190,28 +169,19 @@ def _is_constant(name: str) -> bool:
     )
 
 
-#: Every constant this fake defines, by name; each equals pynvml's value (a test checks).
-CONSTANTS: dict[str, int | str] = {k: v for k, v in dict(globals()).items() if _is_constant(k)}
-
-_PERF_POLICY_KEYS = {
-    NVML_PERF_POLICY_POWER: "power",
-    NVML_PERF_POLICY_THERMAL: "thermal",
-    NVML_PERF_POLICY_SYNC_BOOST: "sync_boost",
-    NVML_PERF_POLICY_BOARD_LIMIT: "board_limit",
-    NVML_PERF_POLICY_LOW_UTILIZATION: "low_utilization",
-    NVML_PERF_POLICY_RELIABILITY: "reliability",
-    NVML_PERF_POLICY_TOTAL_APP_CLOCKS: "total_app_clocks",
-    NVML_PERF_POLICY_TOTAL_BASE_CLOCKS: "total_base_clocks",
+#: Every constant this fake defines, by name; each equals pynvml's value (a test checks). The
+#: nvml.h values the reader keeps (hw/nvml.py: ECC, page retirement, perf policies, NVLink
+#: error counters) are taken from there, one table of them; the fake adds the rest.
+CONSTANTS: dict[str, int | str] = {
+    **{k: v for k, v in vars(nvml_h).items() if k.startswith("NVML_")},
+    **{k: v for k, v in dict(globals()).items() if _is_constant(k)},
 }
 
-#: NVLink error counter id -> the name used in ``GpuSpec.nvlink_errors`` keys.
-NVLINK_COUNTER_NAMES = {
-    NVML_NVLINK_ERROR_DL_REPLAY: "replay",
-    NVML_NVLINK_ERROR_DL_RECOVERY: "recovery",
-    NVML_NVLINK_ERROR_DL_CRC_FLIT: "crc_flit",
-    NVML_NVLINK_ERROR_DL_CRC_DATA: "crc_data",
-    NVML_NVLINK_ERROR_DL_ECC_DATA: "ecc_data",
-}
+#: NVML_PERF_POLICY_* value -> its ``violation_ns`` name (the reader's table, inverted).
+_PERF_POLICY_KEYS = {v: k for k, v in nvml_h.PERF_POLICIES.items()}
+
+#: NVLink error counter id -> the name used in ``GpuSpec.nvlink_errors`` keys (the reader's).
+NVLINK_COUNTER_NAMES = nvml_h.NVLINK_COUNTERS
 
 # --- exceptions: the same hierarchy pynvml's _extractNVMLErrorsAsClasses builds ---------------
 
@@ -705,11 +675,14 @@ class FakeNvml:
             raise _fail(NVML_ERROR_INVALID_ARGUMENT)
         if not gpu.ecc_enabled:
             raise _fail(NVML_ERROR_NOT_SUPPORTED)
+        unc = nvml_h.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+        cor = nvml_h.NVML_MEMORY_ERROR_TYPE_CORRECTED
+        vol, agg = nvml_h.NVML_VOLATILE_ECC, nvml_h.NVML_AGGREGATE_ECC
         table = {
-            (NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC): gpu.ecc_volatile_uncorrected,
-            (NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC): gpu.ecc_volatile_corrected,
-            (NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_AGGREGATE_ECC): gpu.ecc_aggregate_uncorrected,
-            (NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_AGGREGATE_ECC): gpu.ecc_aggregate_corrected,
+            (unc, vol): gpu.ecc_volatile_uncorrected,
+            (cor, vol): gpu.ecc_volatile_corrected,
+            (unc, agg): gpu.ecc_aggregate_uncorrected,
+            (cor, agg): gpu.ecc_aggregate_corrected,
         }
         return self._value(table[(errorType, counterType)])
 
@@ -720,7 +693,7 @@ class FakeNvml:
             raise _fail(NVML_ERROR_NOT_SUPPORTED)
         if sourceFilter not in (0, 1):
             raise _fail(NVML_ERROR_INVALID_ARGUMENT)
-        if sourceFilter == NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS:
+        if sourceFilter == nvml_h.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS:
             return []
         # Page addresses are opaque to health checks; only their number matters.
         return [0x1_0000_0000 + 0x1000 * i for i in range(gpu.retired_pages)]
