@@ -146,8 +146,10 @@ def test_a_check_imports_no_other_check(module):
 # --- imports inside functions only for heavy optional modules -----------------------------------
 
 # Loading any of these costs real time or memory, or needs an optional extra; a module that
-# imports one at module level is heavy too (gpu_monitor.sdc.fingerprint: torch).
-HEAVY_OPTIONAL = ("torch", "numpy", "pynvml", "kubernetes", "urllib3")
+# imports one at module level is heavy too (gpu_monitor.sdc.fingerprint: torch). grpc is the
+# kubelet client's C extension, loaded only when the kubelet is the attribution source;
+# grpc_tools is a developer tool (stub regeneration), not installed at run time.
+HEAVY_OPTIONAL = ("torch", "numpy", "pynvml", "kubernetes", "urllib3", "grpc", "grpc_tools")
 
 # The one lazy import by design, not debt: the settings schema composes the checks' declarations
 # on first use (gpu_monitor/declarations.py; the COMPOSITION ignore of the import contracts).

@@ -132,7 +132,11 @@ def test_a_write_between_our_read_and_our_uncordon_makes_us_decide_again(fake):
         "unschedulable")
     uncordons = [q for q in writes_to(fake, NODE_PATH)
                  if q.content_type == SMP and '"unschedulable": null' in q.body]
-    assert [q.status for q in uncordons] == [409, 200]  # refused on the stale read, then redone
+    # Refused on the stale read, then redone on a fresh one. Under load the client may also
+    # resend the stale request after its own timeout while the hook's write is still landing:
+    # that copy is refused too, never applied.
+    statuses = [q.status for q in uncordons]
+    assert statuses[-1] == 200 and len(statuses) >= 2 and set(statuses[:-1]) == {409}, statuses
     assert fake.node(NODE)["metadata"]["labels"]["rack"] == "r7"
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -13,9 +14,7 @@ PACKAGE = "gpu_monitor.workloads.podresources"
 
 
 def main() -> int:
-    from importlib.metadata import version
-
-    from grpc_tools import protoc
+    from grpc_tools import protoc  # a developer tool, not a runtime dependency
 
     proto_include = Path(protoc.__file__).resolve().parent / "_proto"
     rc = protoc.main(["grpc_tools.protoc", f"-I{HERE}", f"-I{proto_include}",
