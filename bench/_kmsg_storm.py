@@ -9,6 +9,7 @@ writes it whole and replays it through the follower alone.
 
 from __future__ import annotations
 
+import argparse
 import math
 import random
 import time
@@ -17,6 +18,14 @@ from collections.abc import Callable, Iterator
 GPU_PCI = ("53", "64", "75", "86", "97", "a8", "b9", "ca")  # the h100-sxm-8 simulation's GPUs
 XID = "NVRM: Xid (PCI:0000:{pci}:00): 13, pid={pid}, name=python, Graphics Exception: ESR 0x{n:x}"
 SLICE_S = 0.05
+
+
+def add_storm_args(ap: argparse.ArgumentParser) -> None:
+    """The storm's shape on a bench's command line (the issue-18 mix by default)."""
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--rate", type=int, default=20500)
+    ap.add_argument("--burst-seconds", type=float, default=5.0)
+    ap.add_argument("--burst-rate", type=int, default=2000)
 
 
 def stamp(t: float) -> bytes:

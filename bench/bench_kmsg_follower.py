@@ -26,7 +26,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from _kmsg_storm import storm_slices  # noqa: E402
+from _kmsg_storm import add_storm_args, storm_slices  # noqa: E402
 
 from checks.nvswitch import NvSwitch  # noqa: E402
 from checks.xid import Xid  # noqa: E402
@@ -41,10 +41,7 @@ from gpu_monitor.state import Store  # noqa: E402
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--seconds", type=float, default=20.0)
-    ap.add_argument("--rate", type=int, default=20500)
-    ap.add_argument("--burst-seconds", type=float, default=5.0)
-    ap.add_argument("--burst-rate", type=int, default=2000)
+    add_storm_args(ap)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "kern.log")

@@ -31,7 +31,7 @@ import time
 import psutil
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _kmsg_storm import GPU_PCI, SLICE_S, storm_slices  # noqa: E402
+from _kmsg_storm import GPU_PCI, SLICE_S, add_storm_args, storm_slices  # noqa: E402
 from _util import free_port, scrape, start_daemon  # noqa: E402
 
 XID_RE = re.compile(r'gpu_monitor_xid_events_total\{code="13",gpu="(\d+)",uuid="[^"]*"\} '
@@ -103,10 +103,7 @@ def flood(path: str, args, rng: random.Random) -> tuple[dict[int, int], int, flo
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--seconds", type=float, default=20.0)
-    ap.add_argument("--rate", type=int, default=20500)
-    ap.add_argument("--burst-seconds", type=float, default=5.0)
-    ap.add_argument("--burst-rate", type=int, default=2000)
+    add_storm_args(ap)
     ap.add_argument("--catch-up-limit", type=float, default=120.0)
     ap.add_argument("--tree", default=None, help="run the daemon from this checkout")
     args = ap.parse_args()
