@@ -276,8 +276,10 @@ class Daemon:
                 return False, "kernel-log follower died"
             if now - self.stats.last_kmsg_loop_monotonic > KMSG_STALL_S:
                 return False, "kernel-log follower stalled"
-            if not self.replayed.is_set():
-                return True, f"ok; replaying the kernel log: {self.stats.kmsg_read} read"
+        # Asked between the log's opening and the follower's start (or before its first batch),
+        # the answer is still "replaying": an open log not yet caught up is never plain "ok".
+        if self._kmsg_source is not None and not self.replayed.is_set():
+            return True, f"ok; replaying the kernel log: {self.stats.kmsg_read} read"
         return True, "ok"
 
     def stop(self, *_args) -> None:

@@ -194,6 +194,24 @@ def test_a_long_replay_runs_beside_the_scheduler_and_reports_progress(sim_env, t
         runner.join(30)
 
 
+def test_health_says_replaying_once_the_log_is_open_before_the_follower_starts(
+        sim_env, tmp_path):  # noqa: F811
+    """CI caught /healthz saying plain "ok" in the moment between the log's opening and the
+    follower thread's start: an open log not yet caught up is "replaying" at any moment."""
+    _, ctx = sim_env()
+    _text_log(ctx, tmp_path, _storm(2 * BATCH_RECORDS))
+    d = Daemon([Xid()], ctx)
+    d.kmsg.open()  # what start() does first; the follower thread does not exist yet
+    try:
+        healthy, message = d.health()
+        assert healthy and "replaying" in message
+        d.kmsg.pump_all()
+        d.kmsg.replay_done.set()
+        assert d.health() == (True, "ok")
+    finally:
+        d.shutdown()
+
+
 def test_a_batch_and_a_poll_of_the_same_check_do_not_deadlock(sim_env, tmp_path):  # noqa: F811
     """poll takes the check's lock, then the store's; a batch must take them in that order
     too (it once held the store's transaction and waited for the check's lock: a storm
