@@ -30,7 +30,7 @@ from typing import Any
 from gpu_monitor import __version__, logs
 from gpu_monitor.check import Context
 from gpu_monitor.clock import Clock
-from gpu_monitor.config import ConfigError, load_config
+from gpu_monitor.config import BACKENDS, ConfigError, load_config
 from gpu_monitor.daemon import run_daemon, run_once
 from gpu_monitor.fabric.cli import register as register_fabric
 from gpu_monitor.host import Host
@@ -154,6 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--dry-run", action="store_true",
                    help="remediation decides, logs, events and counts, but changes nothing "
                         "(config remediation.dry_run)")
+    d.add_argument("--backend", choices=BACKENDS, default=None,
+                   help="where remediation delivers: kubernetes (our Node) or slurm "
+                        "(scontrol drain/resume; docs/slurm.md) (config daemon.backend)")
     d.add_argument("--kubeconfig", metavar="FILE",
                    help="reach the API server through this kubeconfig (a daemon outside a "
                         "cluster; default: in-cluster config, else $KUBECONFIG, else "
@@ -529,6 +532,9 @@ def cmd_daemon(args) -> int:
             env.config = dataclasses.replace(
                 env.config,
                 remediation=dataclasses.replace(env.config.remediation, dry_run=True))
+        if getattr(args, "backend", None):
+            env.config = dataclasses.replace(
+                env.config, daemon=dataclasses.replace(env.config.daemon, backend=args.backend))
         checks = select_checks(env.config, kinds={Kind.PASSIVE})
         if args.once:
             report = run_once(env, checks, force=getattr(args, "force", False))

@@ -128,6 +128,20 @@ class DaemonConfig:
     # At start, move a damaged state file aside and start empty instead of exiting (the
     # DaemonSet would crash-loop, leaving the node unmonitored); never deletes anything.
     recover_corrupt_state: bool = True
+    backend: str = "kubernetes"  # where remediation delivers: kubernetes | slurm
+
+
+BACKENDS = ("kubernetes", "slurm")
+
+
+@dataclass(frozen=True)
+class SlurmConfig:
+    """Remediation's delivery through Slurm's tools (docs/slurm.md)."""
+
+    partitions: tuple[str, ...] = ()  # whose GPU nodes the breaker counts; (): all
+    gres: str | None = "gpu"  # a GPU node's GRES name; None: every node of the partitions
+    requeue_on: tuple[str, ...] = ()  # reason tokens whose drain requeues the jobs; "*": all
+    command_timeout_s: float = 10.0  # each scontrol/squeue call
 
 
 @dataclass(frozen=True)
@@ -157,6 +171,7 @@ class RemediationConfig:
     drain: DrainConfig = field(default_factory=DrainConfig)
     reboot_sentinel: str | None = DEFAULT_REBOOT_SENTINEL
     retest_max_failures: int = 2
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
 
 
 @dataclass(frozen=True)
@@ -344,6 +359,10 @@ _RESOURCE_NAME = Str(pattern=r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/"
                      what="an extended resource name such as 'nvidia.com/gpu'")
 
 
+# A Slurm partition or GRES name: no spaces, commas or '=' (they separate scontrol's fields).
+_SLURM_NAME = Str(pattern=r"[A-Za-z0-9_.-]+", what="a Slurm name such as 'gpu'")
+
+
 @functools.cache
 def config_schema() -> Map:
     """The schema of the config file. Composed on first use: its ``checks`` blocks and
@@ -370,6 +389,7 @@ def config_schema() -> Map:
             "bootstrap_on_start": Bool(),
             "bootstrap_retry_s": SECONDS,
             "recover_corrupt_state": Bool(),
+            "backend": Str(choices=BACKENDS, lower=True),
         }),
         "remediation": Map({
             "enabled": Bool(),
@@ -391,6 +411,13 @@ def config_schema() -> Map:
             }),
             "reboot_sentinel": Nullable(Str(what="a file path")),
             "retest_max_failures": Int(1),
+            "slurm": Map({
+                "partitions": List(_SLURM_NAME),
+                "gres": Nullable(_SLURM_NAME),
+                "requeue_on": List(Str(pattern=r"\*|[A-Za-z][A-Za-z0-9_.-]*",
+                                       what="a reason token such as 'Xid79', or '*'")),
+                "command_timeout_s": SECONDS,
+            }),
         }),
         "nccl": Map({
             "ib_timeout": Nullable(Int(1, 31)),
@@ -475,7 +502,15 @@ def parse_config(data: Any, source: str | None = None,
         if key in values:
             values[key] = freeze(values[key])
     values["source"] = source
-    remediation_nested = {"breaker": BreakerConfig, "drain": DrainConfig}
+    remediation = dict(values.get("remediation") or {})
+    slurm = dict(remediation.get("slurm") or {})
+    for key in ("partitions", "requeue_on"):
+        if key in slurm:
+            slurm[key] = tuple(slurm[key])
+    if "slurm" in remediation:
+        remediation["slurm"] = slurm
+    values["remediation"] = remediation
+    remediation_nested = {"breaker": BreakerConfig, "drain": DrainConfig, "slurm": SlurmConfig}
     config = Config(**{k: v for k, v in values.items()
                        if k not in ("daemon", "remediation", "nccl", "workloads")})
     return replace(config,

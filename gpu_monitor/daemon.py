@@ -41,6 +41,7 @@ from gpu_monitor.metrics import StoreCollector
 from gpu_monitor.model import Kind, Report, RunOutcome, UsageError
 from gpu_monitor.remediate.bootstrap_gate import BootstrapGate
 from gpu_monitor.remediate.metrics import remediation_collector
+from gpu_monitor.remediate.slurm.delivery import SlurmDelivery
 from gpu_monitor.runner import run_check, run_suite
 from gpu_monitor.suite import bootstrap_suite, select_checks
 from gpu_monitor.workloads.attribution import holder_note
@@ -321,15 +322,13 @@ def _remediator(env, checks_for_retest, kube_factory=None, holders=None):
     delivery on Kubernetes and its actuator on this host, built here and injected."""
     from gpu_monitor.host_actuator import HostActuator
     from gpu_monitor.hw.paths import DEFAULT_REPORT_DIR
-    from gpu_monitor.remediate.k8s.delivery import KubeDelivery
     from gpu_monitor.remediate.recovery import suite_retest
     from gpu_monitor.remediate.remediator import Remediator
 
     report_dir = env.config.daemon.report_dir
     if report_dir is None and env.sim is None:
         report_dir = DEFAULT_REPORT_DIR
-    delivery = KubeDelivery.from_config(env.config, env.node, env.clock, kube_factory,
-                                        namespace=os.environ.get("POD_NAMESPACE", "gpu-monitor"))
+    delivery = node_delivery(env, kube_factory)
     actuator = HostActuator(env.host.paths, env.host.commands,
                             reboot_sentinel=env.config.remediation.reboot_sentinel)
     return Remediator.from_config(
@@ -339,14 +338,26 @@ def _remediator(env, checks_for_retest, kube_factory=None, holders=None):
     )
 
 
+def node_delivery(env, kube_factory=None, *, minimal: bool = False):
+    """The node delivery of ``daemon.backend``: Slurm's tools (no kubernetes import on that
+    path), else our Node on Kubernetes (``minimal``: without the remediation settings, for the
+    bootstrap gate alone)."""
+    if env.config.daemon.backend == "slurm":
+        return SlurmDelivery.from_config(env.config, env.node, env.clock, store=env.store)
+    from gpu_monitor.remediate.k8s.delivery import KubeDelivery
+
+    if minimal:
+        return KubeDelivery(kube_factory, env.node, env.clock)
+    return KubeDelivery.from_config(env.config, env.node, env.clock, kube_factory,
+                                    namespace=os.environ.get("POD_NAMESPACE", "gpu-monitor"))
+
+
 def _node_delivery(env, remediator, kube_factory=None):
     """What the bootstrap gate publishes through: the remediator's node delivery, else one of
     its own, made once (its Event queue outlives a failed send)."""
     if remediator is not None:
         return lambda: remediator.delivery
-    from gpu_monitor.remediate.k8s.delivery import KubeDelivery
-
-    delivery = KubeDelivery(kube_factory, env.node, env.clock)
+    delivery = node_delivery(env, kube_factory, minimal=True)
     return lambda: delivery
 
 

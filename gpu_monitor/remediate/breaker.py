@@ -124,6 +124,7 @@ class BreakerStatus:
 class Claim:
     granted: bool
     why: str  # "claimed" | "held" | "tripped" | "paused" | "cooldown" | "missing" | "error"
+    #         | "full" (a breaker without a latched trip: remediate/slurm/breaker.py)
     status: BreakerStatus
     tripped_now: bool = False  # this claim is the one that tripped the breaker
 
@@ -140,6 +141,8 @@ class Claim:
             "paused": "breaker paused by an operator; quarantine refused",
             "cooldown": f"breaker in its storm cooldown after a reset at {st.reset_at}",
             "missing": "breaker ConfigMap is missing; quarantine refused (fail closed)",
+            "full": (f"no free breaker slot ({st.tripped_reason or f'{used}/{st.budget}'}); "
+                     "quarantine refused, the claim is retried later"),
         }.get(self.why, f"breaker claim failed: {self.why}")
 
 

@@ -84,6 +84,7 @@ def test_the_bootstrap_gates_node_client_is_made_once_through_the_kubeconfig(tmp
     from types import SimpleNamespace
 
     from gpu_monitor.clock import Clock
+    from gpu_monitor.config import DEFAULT_CONFIG
     from gpu_monitor.daemon import _node_delivery
     from gpu_monitor.kube.config import kubeconfig_factory
 
@@ -91,7 +92,7 @@ def test_the_bootstrap_gates_node_client_is_made_once_through_the_kubeconfig(tmp
         server.add_node(NODE, gpus=8)
         path = tmp_path / "kubeconfig"
         path.write_text(yaml.safe_dump(kubeconfig(server)))
-        make = _node_delivery(SimpleNamespace(clock=Clock(), node=NODE), None,
+        make = _node_delivery(SimpleNamespace(clock=Clock(), node=NODE, config=DEFAULT_CONFIG), None,
                               kubeconfig_factory(str(path)))
         node = make()
         assert make() is node and node.node is node.node
