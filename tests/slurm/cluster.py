@@ -142,7 +142,24 @@ PartitionName={JOBS} Nodes={REAL} Default=YES MaxTime=INFINITE State=UP
             p.kill()
             p.wait(10)
 
+    def _cancel_jobs(self, timeout: float = 60.0) -> None:
+        """Every job cancelled and gone before slurmd stops: no slurmstepd outlives the
+        cluster."""
+        if "slurmctld" not in self.procs or "slurmd" not in self.procs:
+            return
+        self.run("scancel", "--full", "--quiet", "-u", pwd.getpwuid(os.getuid()).pw_name)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            out = self.run("squeue", "-h", "-o", "%i")
+            if out.returncode != 0 or not out.stdout.strip():
+                return
+            time.sleep(0.3)
+
     def stop(self) -> None:
+        try:
+            self._cancel_jobs()
+        except (OSError, subprocess.SubprocessError):
+            pass
         for name in ("slurmd", "slurmctld", "munged"):
             self._end(name)
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -13,7 +13,9 @@ node itself and checked afterwards:
    every gpu-monitor drain by (first drain time, node name): the first time is the ``since:``
    our reasons carry once granted, else Slurm's reason time;
 4. if our node is among the first ``budget``, the slot is ours (the reason gets its ``since:``);
-   otherwise give it back: resume the node (we drained it in step 2) and deny.
+   otherwise give it back: resume the node (we drained it in step 2) and deny. A claim cut
+   off between 2 and 4 (slurmctld went away) leaves ``state:claim``: the next claim goes
+   straight to step 3, so the drain is never kept without its check.
 
 The guarantee: **at most ``budget`` nodes keep a gpu-monitor drain**, however many claim at once
 (20 failing nodes with a 10% budget of 20 GPU nodes: at most 2 end drained). Why: a drain
@@ -126,17 +128,19 @@ class SlurmBreaker:
         mine = nodes.get(node)
         if mine is None:
             raise SlurmError(f"node {node} is not known to slurmctld")
-        if node in st.slots:
+        ours = parse_reason(mine.reason) if mine.drained else None
+        if node in st.slots and ours is not None and ours.state != CLAIM:
             return Claim(True, "held", st)
-        if mine.out_of_service and parse_reason(mine.reason) is None:
+        if mine.out_of_service and ours is None:
             # an administrator's drain or down: the node is out already and stays theirs
             return Claim(True, "claimed", st)
         assert st.budget is not None
-        if len(st.slots) >= st.budget:
-            return self._denied(node, reason, st)
-        self.tools.drain(node, format_reason(reason or "Unknown", CLAIM))
-        if self.on_drained is not None:
-            self.on_drained(node)
+        if node not in st.slots:  # else a claim interrupted after its drain: decide it now
+            if len(st.slots) >= st.budget:
+                return self._denied(node, reason, st)
+            self.tools.drain(node, format_reason(reason or "Unknown", CLAIM))
+            if self.on_drained is not None:
+                self.on_drained(node)
         self.clock.sleep(self.settings.settle_s)
         nodes = self.tools.show_nodes()
         st = self._status(nodes)
