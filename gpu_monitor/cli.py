@@ -27,11 +27,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_monitor import __version__, logs
+from gpu_monitor import __version__, logs, slurm_hooks
 from gpu_monitor.check import Context
 from gpu_monitor.clock import Clock
 from gpu_monitor.config import BACKENDS, ConfigError, load_config
-from gpu_monitor.daemon import run_daemon, run_once
+from gpu_monitor.daemon import build_remediator, run_daemon, run_once
 from gpu_monitor.fabric.cli import register as register_fabric
 from gpu_monitor.host import Host
 from gpu_monitor.hw.paths import DEFAULT_STATE_DB, HostPaths
@@ -163,6 +163,21 @@ def build_parser() -> argparse.ArgumentParser:
                         "~/.kube/config)")
     d.add_argument("--context", metavar="NAME", help="kubeconfig context (default: current)")
     d.set_defaults(func=cmd_daemon)
+
+    sh = sub.add_parser("slurm-hook", help="run as Slurm's HealthCheckProgram, Prolog or "
+                                           "Epilog (docs/slurm.md)",
+                        description=slurm_hooks.__doc__.split("\n\n")[0] if slurm_hooks.__doc__
+                        else None)
+    sh.add_argument("hook", choices=slurm_hooks.HOOKS)
+    _common(sh)
+    sh.add_argument("--budget", type=float, metavar="SECONDS", default=None,
+                    help="the hook's time budget (default: healthcheck "
+                         f"{slurm_hooks.BUDGET_S['healthcheck']:g}, prolog "
+                         f"{slurm_hooks.BUDGET_S['prolog']:g}, epilog "
+                         f"{slurm_hooks.BUDGET_S['epilog']:g})")
+    sh.add_argument("--output", "-o", choices=("table", "json", "none"), default="none",
+                    help="print the report (default: none; the log says the verdict)")
+    sh.set_defaults(func=cmd_slurm_hook)
 
     register_remediation(sub)
     register_fabric(sub)
@@ -542,6 +557,36 @@ def cmd_daemon(args) -> int:
             return report.exit_code
         return run_daemon(env, checks, listen=args.listen or env.config.daemon.listen,
                           force=getattr(args, "force", False), kube_factory=kube_factory)
+    finally:
+        env.close()
+
+
+def cmd_slurm_hook(args) -> int:
+    """``slurm-hook``: the node is the one slurmd names ($SLURMD_NODENAME) unless told; the
+    healthcheck drains through the remediator when remediation is on with the slurm backend."""
+    if not getattr(args, "node_name", None) and os.environ.get("SLURMD_NODENAME"):
+        args.node_name = os.environ["SLURMD_NODENAME"]
+    if args.budget is not None and args.budget <= 0:
+        raise UsageError(f"--budget must be a positive number of seconds, got {args.budget:g}")
+    env = build_env(args)
+    try:
+        disabled = None
+        if args.hook == "healthcheck":
+            checks = select_checks(env.config, kinds={Kind.PASSIVE})
+        else:
+            checks, disabled = bootstrap_suite(env.config, kinds={Kind.BOOTSTRAP, Kind.PASSIVE})
+        rem = env.config.remediation
+        make = None
+        if rem.enabled and env.config.daemon.backend == "slurm":
+            def make():
+                return build_remediator(env, None)
+        env.host.start(env.clock)
+        out = slurm_hooks.run_hook(args.hook, checks, env.context(force=args.hook != "healthcheck"),
+                                   budget_s=args.budget, disabled=disabled, remediator=make)
+        if out.report is not None and args.output != "none":
+            emit(out.report, args.output)
+        print(f"gpu-monitor slurm-hook {args.hook}: {out.note}", file=sys.stderr)
+        return out.exit_code
     finally:
         env.close()
 

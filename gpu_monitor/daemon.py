@@ -317,9 +317,11 @@ def build_registry(daemon: Daemon, store, check_classes, clock, extra=()):
     return registry
 
 
-def _remediator(env, checks_for_retest, kube_factory=None, holders=None):
-    """The node's remediator when remediation is enabled in the config (else None): its
-    delivery on Kubernetes and its actuator on this host, built here and injected."""
+def build_remediator(env, checks_for_retest, kube_factory=None, holders=None):
+    """The node's remediator: the delivery of ``daemon.backend`` (``node_delivery``) and its
+    actuator on this host, built here and injected. ``checks_for_retest``: the retest suite
+    (None: no suite; a quarantine waits for the passive checks to report clean, as a
+    ``slurm-hook healthcheck`` must within its budget)."""
     from gpu_monitor.host_actuator import HostActuator
     from gpu_monitor.hw.paths import DEFAULT_REPORT_DIR
     from gpu_monitor.remediate.recovery import suite_retest
@@ -333,7 +335,8 @@ def _remediator(env, checks_for_retest, kube_factory=None, holders=None):
                             reboot_sentinel=env.config.remediation.reboot_sentinel)
     return Remediator.from_config(
         env.store, env.config, env.node, delivery, actuator, clock=env.clock,
-        retest=suite_retest(checks_for_retest, env.context(force=True)),
+        retest=(None if checks_for_retest is None
+                else suite_retest(checks_for_retest, env.context(force=True))),
         report_dir=report_dir, watch_reports=True, workload_note=holders,
     )
 
@@ -444,7 +447,7 @@ def run_daemon(env, checks: Sequence[Check], *, listen: str, force: bool = False
         # one-shot run would re-report the Xid that caused the quarantine).
         retest_checks = [c for c in select_checks(env.config, kinds={Kind.BOOTSTRAP})
                          if c.name != "xid"]
-        remediator = _remediator(env, retest_checks, kube_factory, holders)
+        remediator = build_remediator(env, retest_checks, kube_factory, holders)
         extra.append(remediation_collector(env.store))
     daemon = Daemon(checks, ctx, remediator=remediator)
     registry = build_registry(daemon, env.store, [type(c) for c in checks], env.clock,
