@@ -42,6 +42,7 @@ from gpu_monitor.nodeview.cli import register as register_nodeview
 from gpu_monitor.profiles import ProfileError, load_profile, match_profile
 from gpu_monitor.registry import all_check_classes
 from gpu_monitor.remediate.cli import register as register_remediation
+from gpu_monitor.remediate.slurm.tools import SlurmError, SlurmTools
 from gpu_monitor.report_output import emit
 from gpu_monitor.runner import RunnerHooks, run_suite
 from gpu_monitor.sim.faults.base import InjectError
@@ -550,6 +551,8 @@ def cmd_daemon(args) -> int:
         if getattr(args, "backend", None):
             env.config = dataclasses.replace(
                 env.config, daemon=dataclasses.replace(env.config.daemon, backend=args.backend))
+        if env.config.daemon.backend == "slurm" and env.sim is None:
+            env.node = _slurm_node_name(args, env)
         checks = select_checks(env.config, kinds={Kind.PASSIVE})
         if args.once:
             report = run_once(env, checks, force=getattr(args, "force", False))
@@ -559,6 +562,19 @@ def cmd_daemon(args) -> int:
                           force=getattr(args, "force", False), kube_factory=kube_factory)
     finally:
         env.close()
+
+
+def _slurm_node_name(args, env) -> str:
+    """On Slurm the node is named as slurmctld knows it (the name jobs see in
+    $SLURMD_NODENAME): --node-name, node_name in the config or $NODE_NAME when given, else
+    asked of slurmctld for this host name (an error naming the fix when it cannot tell)."""
+    host = socket.gethostname()
+    if getattr(args, "node_name", None) or os.environ.get("NODE_NAME") or env.node != host:
+        return env.node
+    try:
+        return SlurmTools(env.config.remediation.slurm.command_timeout_s).node_name_of_host(host)
+    except SlurmError as exc:
+        raise UsageError(f"daemon --backend slurm: {exc}") from None
 
 
 def cmd_slurm_hook(args) -> int:

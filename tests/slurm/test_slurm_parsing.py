@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -132,3 +133,51 @@ def test_the_slurm_path_imports_no_kubernetes():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=120)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_the_slurm_node_name_of_a_host(fake_slurm):
+    fake_slurm("scontrol", SHOW)  # every node's NodeHostName is localhost there
+    tools = SlurmTools(5.0)
+    assert tools.node_name_of_host("gm05") == "gm05"
+    assert tools.node_name_of_host("gm05.cluster.example") == "gm05"
+    with pytest.raises(SlurmError, match="set node_name in the config"):
+        tools.node_name_of_host("localhost")  # 21 nodes: never a guess
+    with pytest.raises(SlurmError, match="no node"):
+        tools.node_name_of_host("elsewhere")
+
+
+def test_daemon_backend_slurm_that_cannot_name_its_node_exits_2_naming_the_fix(fake_slurm,
+                                                                                tmp_path):
+    import socket
+
+    fake_slurm("scontrol", SHOW)
+    env = {k: v for k, v in os.environ.items() if k != "NODE_NAME"}
+    out = subprocess.run([sys.executable, "-m", "gpu_monitor", "daemon", "--backend", "slurm",
+                          "--state", str(tmp_path / "s.db"), "--once"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    if socket.gethostname() in parse_show_nodes(SHOW):
+        pytest.skip("this host's name is a node of the recorded cluster")
+    assert out.returncode == 2, out.stderr
+    assert "set node_name in the config" in out.stderr
+
+
+def test_config_backend_and_slurm_block_are_validated_naming_the_field():
+    from gpu_monitor.config import ConfigError, parse_config
+
+    for data, field in [({"daemon": {"backend": "pbs"}}, "daemon.backend"),
+                        ({"remediation": {"slurm": {"partitions": ["a,b"]}}},
+                         "remediation.slurm.partitions[0]"),
+                        ({"remediation": {"slurm": {"requeue_on": ["xid 79"]}}},
+                         "remediation.slurm.requeue_on[0]"),
+                        ({"remediation": {"slurm": {"command_timeout_s": -1}}},
+                         "remediation.slurm.command_timeout_s"),
+                        ({"remediation": {"slurm": {"partition": ["gpu"]}}},
+                         "remediation.slurm.partition")]:
+        with pytest.raises(ConfigError, match=re.escape(field)):
+            parse_config(data, env={})
+    cfg = parse_config({"daemon": {"backend": "SLURM"},
+                        "remediation": {"slurm": {"partitions": ["gpu"], "gres": None,
+                                                  "requeue_on": ["Xid79", "*"]}}}, env={})
+    assert cfg.daemon.backend == "slurm"
+    assert cfg.remediation.slurm.partitions == ("gpu",) and cfg.remediation.slurm.gres is None
+    assert cfg.remediation.slurm.requeue_on == ("Xid79", "*")

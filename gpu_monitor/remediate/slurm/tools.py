@@ -51,6 +51,7 @@ class NodeRecord:
     reason: str  # without Slurm's stamp; "" when none
     reason_user: str = ""
     reason_time: str = ""  # YYYY-MM-DDTHH:MM:SS (slurmctld's clock, 1 s resolution)
+    hostname: str = ""  # NodeHostName: the host slurmd runs on
 
     @property
     def base(self) -> str:
@@ -106,7 +107,8 @@ def parse_node_line(line: str) -> NodeRecord:
     return NodeRecord(name=name, state=state,
                       partitions=tuple(p for p in parts.split(",") if p and p != "(null)"),
                       gres="" if gres in ("", "(null)") else gres,
-                      reason=reason, reason_user=user, reason_time=when)
+                      reason=reason, reason_user=user, reason_time=when,
+                      hostname=f.get("NodeHostName", ""))
 
 
 def parse_show_nodes(text: str) -> dict[str, NodeRecord]:
@@ -158,6 +160,21 @@ class SlurmTools:
 
     def show_nodes(self) -> dict[str, NodeRecord]:
         return parse_show_nodes(self._run(["scontrol", "show", "node", "-o"]).stdout)
+
+    def node_name_of_host(self, host: str) -> str:
+        """The NodeName slurmctld knows this host by (what ``$SLURMD_NODENAME`` says in a job,
+        and so what an SDC report names): the node of that name, else the one node whose
+        ``NodeHostName`` is ``host`` or its short form; ``SlurmError`` when none or several."""
+        nodes = self.show_nodes()
+        short = host.split(".", 1)[0]
+        for name in (host, short):
+            if name in nodes:
+                return name
+        found = sorted(n for n, r in nodes.items() if r.hostname in (host, short))
+        if len(found) != 1:
+            raise SlurmError(f"cannot tell this host's Slurm node name: NodeHostName {host!r} "
+                             f"matches {found or 'no node'}; set node_name in the config")
+        return found[0]
 
     def drain(self, node: str, reason: str) -> None:
         self._run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"])
