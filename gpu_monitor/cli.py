@@ -574,7 +574,7 @@ def _slurm_node_name(args, env) -> str:
     try:
         return SlurmTools(env.config.remediation.slurm.command_timeout_s).node_name_of_host(host)
     except SlurmError as exc:
-        raise UsageError(f"daemon --backend slurm: {exc}") from None
+        raise UsageError(f"the slurm backend: {exc}") from None
 
 
 def cmd_slurm_hook(args) -> int:
@@ -586,6 +586,8 @@ def cmd_slurm_hook(args) -> int:
         raise UsageError(f"--budget must be a positive number of seconds, got {args.budget:g}")
     env = build_env(args)
     try:
+        if env.config.daemon.backend == "slurm" and env.sim is None:
+            env.node = _slurm_node_name(args, env)
         disabled = None
         if args.hook == "healthcheck":
             checks = select_checks(env.config, kinds={Kind.PASSIVE})

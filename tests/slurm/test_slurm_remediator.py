@@ -49,6 +49,10 @@ def build(node: str, store: Store) -> Remediator:
                                   timing=Timing(breaker_retry_s=0.5))
 
 
+def actions(store: Store) -> list[tuple[str, str]]:
+    return [(a.action, a.result) for a in store.actions()]
+
+
 def our_reason(slurm, node: str):
     rec = SlurmDelivery(node).tools.show_node(node)
     return parse_reason(rec.reason) if rec.drained else None
@@ -65,6 +69,8 @@ def test_a_failing_node_is_drained_with_its_reason_and_resumed_once_clean(slurm)
     assert ours is not None and ours.token == "Xid79" and ours.state == "quarantined"
     assert ours.detail == ("xid", "gpu:3")  # the check and target of the finding
     assert store.node_state().state == "quarantined"
+    assert [a for a in actions(store) if a[0] in ("cordon", "quarantine")] == [
+        ("cordon", "ok"), ("quarantine", "ok")]  # the claim's drain is the quarantine's cordon
     observe(store, rem, xid79(Status.OK))
     eventually(lambda: (rem.tick(), store.node_state().state == "healthy")[1], timeout=60,
                what="released once clean")

@@ -39,7 +39,7 @@ from gpu_monitor.remediate.delivery import NodeFacts, QuarantineOutcome
 from gpu_monitor.remediate.policy import ConditionWant
 from gpu_monitor.remediate.reports import ReportSource
 from gpu_monitor.remediate.slurm.breaker import SlurmBreaker, SlurmBreakerSettings
-from gpu_monitor.remediate.slurm.reason import STATES, format_reason, parse_reason
+from gpu_monitor.remediate.slurm.reason import CLAIM, STATES, format_reason, parse_reason
 from gpu_monitor.remediate.slurm.tools import NodeRecord, SlurmError, SlurmTools
 
 log = logging.getLogger(__name__)
@@ -251,10 +251,11 @@ class SlurmDelivery:
             rec = self._record
             self._write_reason(reason, state, rec)  # the since: of our first drain
             return QuarantineOutcome(False, True, True, False, False)
+        first = ours.state == CLAIM  # the breaker's claim made the drain of this quarantine
         changed = ours.token != reason or ours.state != state or not ours.since
         self._own(drained=True, human=False)
         self._write_reason(reason, state, rec)
-        return QuarantineOutcome(False, False, changed, False, False)
+        return QuarantineOutcome(False, first, changed, False, False)
 
     def quarantine_text(self, reason: str) -> str:
         rec = self._record

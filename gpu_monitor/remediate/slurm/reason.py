@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["MAX_LEN", "PREFIX", "STATES", "OurReason", "format_reason", "parse_reason"]
+__all__ = ["CLAIM", "MAX_LEN", "PREFIX", "STATES", "OurReason", "format_reason", "parse_reason"]
 
 PREFIX = "gpu-monitor:"
 MAX_LEN = 200
