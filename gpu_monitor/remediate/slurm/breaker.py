@@ -157,8 +157,8 @@ class SlurmBreaker:
     def _denied(self, node: str, reason: str, st: BreakerStatus) -> Claim:
         st = BreakerStatus(slots=st.slots, budget=st.budget, gpu_nodes=st.gpu_nodes,
                            tripped_by=node,
-                           tripped_reason=f"no free slot: {len(st.slots)}/{st.budget} gpu-monitor "
-                                          f"drains ({st.gpu_nodes} GPU nodes); {node} wanted one "
+                           tripped_reason=f"{len(st.slots)}/{st.budget} held by gpu-monitor "
+                                          f"drains of {st.gpu_nodes} GPU nodes; {node} wanted one "
                                           f"for {reason or 'a quarantine'}")
         self.last = st
         return Claim(False, "full", st)
