@@ -110,6 +110,8 @@ class Daemon:
         self._last_prune = None
         self._store_lock = threading.Lock()
         self._intervals: dict[str, float] = {}
+        self._due_lock = threading.Lock()
+        self._wake = threading.Event()  # set when a poll asks for an earlier next poll
 
     def stats_snapshot(self) -> dict[str, float]:
         """Daemon counters plus the kernel-log checks' own parse failures (lines that look like
@@ -155,10 +157,32 @@ class Daemon:
         """How long the scheduler may sleep: until the earliest due check, within
         [``tick_s``, 1 s] (wake-ups cost CPU on an idle node; 1 s bounds a missed deadline)."""
         now = self.ctx.clock.monotonic()
-        dues = [self.next_due.get(c.name, now) for c in self.poll_checks if self.interval(c) > 0]
+        with self._due_lock:
+            dues = [self.next_due.get(c.name, now) for c in self.poll_checks
+                    if self.interval(c) > 0]
         if not dues:
             return 1.0
-        return min(1.0, max(self.tick_s, min(dues) - now))
+        ahead = min(dues) - now
+        # A due time still ahead is slept to exactly (a check's wake_at is an instant that
+        # matters); one already past (its run still in flight) waits a tick.
+        return min(1.0, ahead if ahead > 0 else self.tick_s)
+
+    def _take_wake_request(self, check: Check) -> None:
+        """Bring the check's next poll forward to the instant it asked for (``wake_at``) and
+        wake the scheduler, which may be sleeping past it."""
+        try:
+            at = check.wake_at()
+        except Exception as exc:  # noqa: BLE001 - a broken request costs precision, not polls
+            log.warning("%s: wake_at failed: %s", check.name, exc)
+            return
+        if at is None:
+            return
+        delay = max(0.0, at - self.ctx.clock.now().timestamp())
+        due = self.ctx.clock.monotonic() + delay
+        with self._due_lock:
+            if due < self.next_due.get(check.name, float("inf")):
+                self.next_due[check.name] = due
+        self._wake.set()
 
     # --- one-shot --------------------------------------------------------------------------------
 
@@ -176,6 +200,7 @@ class Daemon:
     def _poll(self, check: Check) -> RunOutcome:
         outcome = run_check(check, self.ctx, method="poll")
         self._store(outcome)
+        self._take_wake_request(check)
         return outcome
 
     def tick(self, wait: bool = False) -> list[RunOutcome]:
@@ -190,9 +215,10 @@ class Daemon:
             running = self.in_flight.get(check.name)
             if running is not None and not running.done():
                 continue  # still running: never two runs of one check at once
-            if now < self.next_due.get(check.name, now):
-                continue
-            self.next_due[check.name] = now + interval
+            with self._due_lock:
+                if now < self.next_due.get(check.name, now):
+                    continue
+                self.next_due[check.name] = now + interval
             fut = self.pool.submit(self._poll, check)
             self.in_flight[check.name] = fut
             started.append(fut)
@@ -261,7 +287,8 @@ class Daemon:
                 self.tick()
             except Exception as exc:  # noqa: BLE001 - the scheduler must survive anything
                 log.error("scheduler error: %s", exc, exc_info=True)
-            self.stop_event.wait(self.seconds_to_next_due())
+            self._wake.wait(self.seconds_to_next_due())
+            self._wake.clear()
         self.shutdown()
 
     def health(self) -> tuple[bool, str]:
@@ -284,9 +311,11 @@ class Daemon:
 
     def stop(self, *_args) -> None:
         self.stop_event.set()
+        self._wake.set()
 
     def shutdown(self) -> None:
         self.stop_event.set()
+        self._wake.set()
         if self.remediator is not None:
             try:
                 self.remediator.stop()
