@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from datetime import timedelta
 
 from prometheus_client import CollectorRegistry
@@ -37,6 +38,7 @@ from prometheus_client import CollectorRegistry
 from gpu_monitor.check import Check, Context
 from gpu_monitor.daemon_kmsg import KV_FILE_POS, KmsgFollower
 from gpu_monitor.exporter import Exporter
+from gpu_monitor.failfast.metrics import failfast_collector
 from gpu_monitor.metrics import StoreCollector
 from gpu_monitor.model import Kind, Report, RunOutcome, UsageError
 from gpu_monitor.remediate.bootstrap_gate import BootstrapGate
@@ -89,9 +91,10 @@ class DaemonStats:
 class Daemon:
     def __init__(self, checks: Sequence[Check], ctx: Context, tick_s: float = 0.1,
                  kmsg_poll_s: float = 0.01, max_workers: int | None = None,
-                 remediator=None):
+                 remediator=None, failfast=None):
         self.checks = list(checks)
         self.remediator = remediator
+        self.failfast = failfast
         self.ctx = ctx
         self.tick_s = tick_s
         self.kmsg_poll_s = kmsg_poll_s
@@ -139,6 +142,12 @@ class Daemon:
         return True
 
     def _consume(self, outcome: RunOutcome) -> None:
+        if self.failfast is not None:
+            # First: a doomed job is told before remediation's slower steps (it only queues).
+            try:
+                self.failfast.on_results(outcome.results)
+            except Exception as exc:  # noqa: BLE001
+                log.error("fail-fast could not take results of %s: %s", outcome.check, exc)
         if self.remediator is not None:
             # Stored first (guarantee 3), then handed to the policy; never blocks on the API.
             try:
@@ -268,6 +277,8 @@ class Daemon:
     # --- lifecycle ---------------------------------------------------------------------------------
 
     def start(self) -> None:
+        if self.failfast is not None:
+            self.failfast.start()
         if self.remediator is not None:
             self.remediator.start()
         self.kmsg.open()
@@ -324,6 +335,8 @@ class Daemon:
         if self._kmsg_thread is not None:
             self._kmsg_thread.join(timeout=2)
         self.pool.shutdown(wait=True, cancel_futures=True)
+        if self.failfast is not None:
+            self.failfast.stop()
         if self._kmsg_source is not None:
             try:
                 self._kmsg_source.close()
@@ -336,6 +349,58 @@ def _attribution(env):
     w = env.config.workloads
     return make_refresher(w.source, w.socket, w.refresh_s, w.timeout_s, w.gpu_resources,
                           w.rdma_resources, env.host.nvml)
+
+
+def _kube_maker(env, kube_factory=None) -> Callable[[], object]:
+    """A ``gpu_monitor.kube.Kube`` made on first call (``kube_factory``, else in-cluster
+    config or $KUBECONFIG), then the same one."""
+    made: list[object] = []
+    lock = threading.Lock()
+
+    def make():
+        from gpu_monitor.kube.client import Kube
+        from gpu_monitor.kube.config import load_api_client
+
+        with lock:
+            if not made:
+                client = kube_factory() if kube_factory else None
+                if client is None:
+                    client = load_api_client()
+                made.append(client if isinstance(client, Kube) else Kube(client, env.clock))
+            return made[0]
+
+    return make
+
+
+def make_failfast(env, attribution, kube_factory=None, observers=()):
+    """The fail-fast notifier of ``failfast.*`` (None when disabled or without a store), not
+    started: pairing from hw/topology, holders from the attribution refresher (none: every
+    notice is unknown), pids from NVML and the pods' cgroups, the API through gpu_monitor.kube."""
+    from gpu_monitor.failfast.notifier import FailFast, Wiring
+    from gpu_monitor.hw.cgroup import pod_pids
+    from gpu_monitor.hw.topology import read_pairing
+    from gpu_monitor.workloads.attribution import UNKNOWN
+
+    ff = env.config.failfast
+    if not ff.enabled or env.store is None:
+        return None
+    dry_run = env.config.remediation.dry_run if ff.dry_run is None else ff.dry_run
+    cgroups = env.host.paths.sys("fs", "cgroup")
+    nvml = env.host.nvml
+
+    def snapshot():
+        if attribution is None:
+            return replace(UNKNOWN, reason="workloads.source is off")
+        return attribution.current()
+
+    wiring = Wiring(
+        node=env.node, store=env.store, snapshot=snapshot,
+        pairing=lambda: read_pairing(nvml, env.host.sysfs),
+        now=lambda: env.clock.now().timestamp(),
+        gpu_pids=lambda gpus: [p.pid for g in gpus for p in nvml.processes(g)],
+        pod_pids=lambda uid: pod_pids(cgroups, uid),
+        kube=_kube_maker(env, kube_factory), observers=list(observers))
+    return FailFast(ff, dry_run, wiring)
 
 
 def build_registry(daemon: Daemon, store, check_classes, clock, extra=()):
@@ -464,7 +529,10 @@ def run_daemon(env, checks: Sequence[Check], *, listen: str, force: bool = False
                          if c.name != "xid"]
         remediator = _remediator(env, retest_checks, kube_factory, holders)
         extra.append(remediation_collector(env.store))
-    daemon = Daemon(checks, ctx, remediator=remediator)
+    failfast = make_failfast(env, attribution, kube_factory)
+    if failfast is not None:
+        extra.append(failfast_collector(env.store, failfast.actions))
+    daemon = Daemon(checks, ctx, remediator=remediator, failfast=failfast)
     registry = build_registry(daemon, env.store, [type(c) for c in checks], env.clock,
                               extra=extra)
     exporter = Exporter(registry, daemon.health, ready=daemon.replayed.is_set)
