@@ -59,6 +59,20 @@ def crossing_at(open_start: float | None, tolerance_s: float, now: float) -> flo
     return at if at > now else None
 
 
+def intervals_over(intervals: Iterable[Sequence[Any]], tolerance_s: float, window_start: float,
+                   now: float) -> list[tuple[float, float | None]]:
+    """Every interval touching the window that lasted (or, open, has lasted) longer than
+    ``tolerance_s``, oldest first: each one an outage NCCL did not survive."""
+    out: list[tuple[float, float | None]] = []
+    for start, end in intervals:
+        stop = now if end is None else end
+        if end is not None and stop <= window_start:
+            continue
+        if stop - start > tolerance_s:
+            out.append((start, end))
+    return out
+
+
 def longest_interval(intervals: Iterable[Sequence[Any]], window_start: float,
                      now: float) -> tuple[float, float | None] | None:
     """The ``(start, end)`` of the longest interval touching the window (``end`` None while

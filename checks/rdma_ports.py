@@ -43,6 +43,7 @@ from typing import Any
 from checks._downtime import (
     Track,
     crossing_at,
+    intervals_over,
     longest_interval,
     nccl_tolerance_s,
     port_is_down,
@@ -569,11 +570,14 @@ class RdmaPorts(Check):
             "longest_outage_s": round(longest, 3), "current_outage_s": round(current, 3),
             "outages_in_window": outages, "flaps_between_polls": len(tr.flaps),
             "link_downed": downed, "link_downed_saturated": downed == LINK_DOWNED_MAX,
-            # The longest outage's bounds (epoch s; end None while open): what keys a
-            # fail-fast notice to one outage (docs/workloads.md).
+            # The longest outage's bounds (epoch s; end None while open), and those of every
+            # outage NCCL did not survive: each keys one fail-fast notice (docs/workloads.md).
             "longest_outage_start": None if worst is None else round(worst[0], 6),
             "longest_outage_end": None if worst is None or worst[1] is None
             else round(worst[1], 6),
+            "outages_over_tolerance": [
+                [round(a, 6), None if b is None else round(b, 6)]
+                for a, b in intervals_over(tr.intervals, s.tolerance_s, now - s.window_s, now)],
         })
         rate_low = (not down and s.rate_gbit is not None and port.rate_gbit is not None
                     and port.rate_gbit < s.rate_gbit)

@@ -10,6 +10,15 @@ from datetime import datetime, timezone
 from typing import Any
 
 CONDITION_TYPE = "GPUMonitorFabricFault"
+
+#: Every (apiGroup, resource, verbs) the notice uses (as remediation's RBAC_RULES; the
+#: manifests grant the union, tests/deploy/test_rbac.py): pods ``delete`` only with the
+#: ``delete`` action (daemonset/components/force-delete).
+RBAC_RULES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("", "pods", ("get", "delete")),
+    ("", "pods/status", ("patch",)),
+    ("", "events", ("create",)),
+)
 COMPONENT = "gpu-monitor"
 
 

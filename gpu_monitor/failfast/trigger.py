@@ -31,18 +31,25 @@ class Trigger:
     message: str
 
 
-def _port_trigger(r: Result) -> Trigger | None:
+def _port_triggers(r: Result) -> list[Trigger]:
+    """One trigger per outage of the window that outlasted NCCL's tolerance (a later outage
+    notifies even while an earlier, longer one still fails the port)."""
     d = r.details
-    start, tolerance = d.get("longest_outage_start"), d.get("nccl_tolerance_s")
-    if not isinstance(start, (int, float)) or not isinstance(tolerance, (int, float)):
-        return None
+    tolerance = d.get("nccl_tolerance_s")
+    if not isinstance(tolerance, (int, float)):
+        return []
     _, device, _port = r.target.split(":")
-    end = d.get("longest_outage_end")
-    return Trigger(key=f"{r.target}@{float(start):.6f}", cause=r.reason, target=r.target,
-                   device=device, gpus=None, started_at=float(start),
-                   crossed_at=float(start) + float(tolerance),
-                   ended_at=float(end) if isinstance(end, (int, float)) else None,
-                   message=r.message)
+    out = []
+    for item in d.get("outages_over_tolerance") or ():
+        start, end = (list(item) + [None, None])[:2]
+        if not isinstance(start, (int, float)):
+            continue
+        out.append(Trigger(key=f"{r.target}@{float(start):.6f}", cause=r.reason,
+                           target=r.target, device=device, gpus=None, started_at=float(start),
+                           crossed_at=float(start) + float(tolerance),
+                           ended_at=float(end) if isinstance(end, (int, float)) else None,
+                           message=r.message))
+    return out
 
 
 def _xid_trigger(r: Result) -> Trigger | None:
@@ -64,12 +71,11 @@ def triggers_from(results: Iterable[Result], on_xid: bool) -> list[Trigger]:
     with ``on_xid`` every fresh failed (fatal) Xid on a GPU."""
     out: list[Trigger] = []
     for r in results:
-        t = None
         if r.check == "rdma_ports" and r.reason == PORT_REASON and r.target.startswith("ib:"):
-            t = _port_trigger(r)
+            out.extend(_port_triggers(r))
         elif (on_xid and r.check == "xid" and r.status is Status.FAILED
               and r.target.startswith("gpu:")):
             t = _xid_trigger(r)
-        if t is not None:
-            out.append(t)
+            if t is not None:
+                out.append(t)
     return out

@@ -476,20 +476,19 @@ def test_ibstat_down_and_polling_ports_are_down_and_not_rate_degraded(fixtures_d
 def test_a_down_port_asks_for_a_poll_at_the_instant_it_crosses_nccl_tolerance(rig):
     r = rig("port-down@ib:mlx5_0:1,after=10,for=20")
     r.run_to(10)
-    assert r.check.wake_at() is None or r.log[-1][1][PORT].status is not Status.OK
     start = r.clock.now().timestamp()
     res = r.poll_says(PORT, Status.DEGRADED, "PortDown")
     tolerance = nccl_tolerance_s(18, 7)
-    assert res.details["longest_outage_start"] == pytest.approx(start)
+    assert res.details["longest_outage_start"] == pytest.approx(start, abs=1e-4)
     assert res.details["longest_outage_end"] is None
     wake = r.check.wake_at()
-    assert wake == pytest.approx(start + tolerance + RdmaPorts.CROSSING_MARGIN_S)
+    assert wake == pytest.approx(start + tolerance + RdmaPorts.CROSSING_MARGIN_S, abs=1e-4)
     r.run_to(17)  # one-second polls up to just before the crossing
-    assert r.check.wake_at() == pytest.approx(wake)  # still ahead: still asked for
+    assert r.check.wake_at() == pytest.approx(wake, abs=1e-4)  # still ahead: still asked for
     r.advance(wake - r.clock.now().timestamp())  # the daemon polls at the instant asked for
     r.sync()
     crossed = r.poll_says(PORT, Status.FAILED, "PortDownExceededNcclTimeout")
-    assert crossed.details["longest_outage_start"] == pytest.approx(start)
+    assert crossed.details["longest_outage_start"] == pytest.approx(start, abs=1e-4)
     assert r.check.wake_at() is None  # crossed: nothing more to ask for
 
 

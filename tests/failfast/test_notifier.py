@@ -48,10 +48,35 @@ def test_the_crossing_result_is_a_trigger_keyed_by_port_and_outage_start(crossin
     rig, res = crossing
     (t,) = triggers_from([res], on_xid=False)
     start = res.details["longest_outage_start"]
+    assert [list(o) for o in res.details["outages_over_tolerance"]] == [[start, None]]
     assert t.key == f"{PORT}@{start:.6f}"
     assert (t.device, t.gpus, t.ended_at) == ("mlx5_0", None, None)
     assert t.crossed_at == pytest.approx(start + res.details["nccl_tolerance_s"])
     assert t.crossed_at <= rig.clock.now().timestamp()
+
+
+def test_a_second_outage_notifies_on_its_own_crossing_while_a_longer_one_fails_the_port(
+        tmp_path):
+    """The window still holds a longer outage (the port keeps failing for it): the second
+    outage's crossing is a trigger of its own, at its own instant."""
+    rig = new_rig()
+    try:
+        crossing_result(rig)  # the first outage: t=10 s for 20 s
+        rig.run_to(60)  # back up since t=30
+        next(p for p in rig.node.spec.ib_ports if p.device == "mlx5_0").outages.append(
+            (rig.elapsed + 1, 20.0))
+        rig.advance(1)
+        rig.sync()
+        rig.poll()  # down again
+        second = rig.clock.now().timestamp()
+        rig.advance(rig.check.wake_at() - second)  # the daemon polls at the asked instant
+        rig.sync()
+        res = rig.poll()[PORT]
+        assert res.details["longest_outage_start"] != pytest.approx(second, abs=1)  # the first one's
+        keys = [t.key for t in triggers_from([res], on_xid=False)]
+        assert keys[-1] == f"{PORT}@{second:.6f}" and len(keys) == 2
+    finally:
+        rig.close()
 
 
 def test_the_pods_on_the_ports_gpu_get_one_notice_file_each_once(crossing, tmp_path):
@@ -126,7 +151,7 @@ def test_an_outage_that_ended_long_ago_is_stale_and_notifies_nobody(tmp_path):
     now = clock.now().timestamp()
     res = Result(check="rdma_ports", status=Status.FAILED, target=PORT,
                  reason="PortDownExceededNcclTimeout", message="was down",
-                 details={"longest_outage_start": now - 100, "longest_outage_end": now - 90,
+                 details={"outages_over_tolerance": [[now - 100, now - 90]],
                           "nccl_tolerance_s": 7.516})
     r = Rig(tmp_path, clock, pods_snapshot({0: ("ml", "trainer-0")}))
     (t,) = triggers_from([res], on_xid=False)
