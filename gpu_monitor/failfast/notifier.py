@@ -98,7 +98,18 @@ class FailFast:
         if self._thread is not None:
             self._thread.join(timeout=10)
 
+    def _warm(self) -> None:
+        """Make the API client now, not at the first notice (loading ``kubernetes`` takes about
+        a second): only when an action needs it; off a cluster it is made (and fails) later."""
+        if self.w.kube is None or not {"event", "delete", "signal"} & set(self.actions):
+            return
+        try:
+            self._pod_writer()
+        except Exception as exc:  # noqa: BLE001 - the notice says so when it needs the client
+            log.info("fail-fast: no Kubernetes client yet: %s", exc)
+
     def _run(self) -> None:
+        self._warm()
         while True:
             t = self._queue.get()
             if t is None:
@@ -254,9 +265,10 @@ class FailFast:
     def _pod_writer(self) -> PodWriter:
         if self.w.kube is None:
             raise RuntimeError("no Kubernetes client (not on a cluster)")
-        if self._pods is None:
-            self._pods = PodWriter(self.w.kube(), self.w.node)
-        return self._pods
+        with self._lock:
+            if self._pods is None:
+                self._pods = PodWriter(self.w.kube(), self.w.node)
+            return self._pods
 
     def _message(self, t: Trigger, record: dict) -> str:
         gpus = ", ".join(f"gpu:{g}" for g in record.get("gpus") or [])
