@@ -100,8 +100,14 @@ class FailFast:
 
     def _warm(self) -> None:
         """Make the API client now, not at the first notice (loading ``kubernetes`` takes about
-        a second): only when an action needs it; off a cluster it is made (and fails) later."""
+        a second): only when an action needs it and the holders are pods (the kubelet is the
+        attribution source); otherwise it is made, if ever, at the first pod's notice."""
         if self.w.kube is None or not {"event", "delete", "signal"} & set(self.actions):
+            return
+        try:
+            if self.w.snapshot().source != "kubelet":
+                return
+        except Exception:  # noqa: BLE001
             return
         try:
             self._pod_writer()
