@@ -49,6 +49,45 @@ def window_stats(intervals: Iterable[Sequence[Any]], window_start: float,
     return downtime, longest, count
 
 
+def crossing_at(open_start: float | None, tolerance_s: float, now: float) -> float | None:
+    """The instant an open outage starting at ``open_start`` outlasts ``tolerance_s`` (epoch
+    seconds), while that is still ahead of ``now``; None when no outage is open or it already
+    crossed."""
+    if open_start is None:
+        return None
+    at = open_start + tolerance_s
+    return at if at > now else None
+
+
+def intervals_over(intervals: Iterable[Sequence[Any]], tolerance_s: float, window_start: float,
+                   now: float) -> list[tuple[float, float | None]]:
+    """Every interval touching the window that lasted (or, open, has lasted) longer than
+    ``tolerance_s``, oldest first: each one an outage NCCL did not survive."""
+    out: list[tuple[float, float | None]] = []
+    for start, end in intervals:
+        stop = now if end is None else end
+        if end is not None and stop <= window_start:
+            continue
+        if stop - start > tolerance_s:
+            out.append((start, end))
+    return out
+
+
+def longest_interval(intervals: Iterable[Sequence[Any]], window_start: float,
+                     now: float) -> tuple[float, float | None] | None:
+    """The ``(start, end)`` of the longest interval touching the window (``end`` None while
+    open): the outage ``window_stats`` measures as the longest."""
+    best: tuple[float, float | None] | None = None
+    best_len = -1.0
+    for start, end in intervals:
+        stop = now if end is None else end
+        if end is not None and stop <= window_start:
+            continue
+        if stop - start > best_len:
+            best, best_len = (start, end), stop - start
+    return best
+
+
 @dataclass
 class Track:
     """What the check remembers about one port (times in epoch seconds)."""

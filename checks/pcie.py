@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from checks._findings import TargetFindings
@@ -50,13 +49,13 @@ from checks._gpus import ABSENT, enumeration_error, error_details, unidentified
 from gpu_monitor.check import Check, Context, Setting
 from gpu_monitor.hw.nvml import GpuInfo, NvmlError
 from gpu_monitor.hw.sysfs_values import PciDevice, pcie_gen
+from gpu_monitor.hw.topology import NicFunction, nearest_nic, nic_functions
 from gpu_monitor.model import (
     NODE,
     Action,
     Kind,
     Result,
     Status,
-    canonical_pci,
     gpu_target,
     pcie_target,
 )
@@ -64,13 +63,6 @@ from gpu_monitor.profiles.schema import BYTES, POSITIVE_INT, SECONDS
 from gpu_monitor.workers.pool import WORKER_REASONS, DeviceRef, Task, WorkerPool
 
 _GPU_IDLE = 0x1  # nvmlClocksEventReasonGpuIdle
-
-
-@dataclass(frozen=True)
-class _Nic:
-    address: str
-    devices: tuple[str, ...]
-    numa_node: int | None
 
 
 def copy_worker(ctx: Any) -> dict[str, Any]:
@@ -173,7 +165,7 @@ class Pcie(Check):
 
     # --- GPUs ----------------------------------------------------------------------------------
 
-    def _gpu(self, ctx: Context, gpu: GpuInfo, before: PciDevice | None, nics: list[_Nic],
+    def _gpu(self, ctx: Context, gpu: GpuInfo, before: PciDevice | None, nics: list[NicFunction],
              replays_before: tuple[int | None, NvmlError | None] | None,
              copy: dict[str, Any] | None) -> Result:
         target = gpu_target(gpu.index)
@@ -238,7 +230,7 @@ class Pcie(Check):
                   f"{increase} PCIe replays during the check (> {limit})", Action.WATCH)
 
     def _topology(self, ctx: Context, f: TargetFindings, gpu: GpuInfo, dev: PciDevice | None,
-                  nics: list[_Nic]) -> None:
+                  nics: list[NicFunction]) -> None:
         numa = _numa(ctx, f, gpu.index, dev)
         f.details["numa_node"] = numa
         want_numa = _nth(ctx.setting(self.name, "gpu_numa"), gpu.index)
@@ -247,7 +239,7 @@ class Pcie(Check):
             if numa is not None and numa != int(want_numa):
                 f.add(Status.DEGRADED, "PcieTopologyMismatch",
                       f"on NUMA node {numa}, profile expects {want_numa}", Action.WATCH)
-        nearest = _nearest_nic(gpu.pci_bus_id, numa, nics)
+        nearest = nearest_nic(gpu.pci_bus_id, numa, nics)
         f.details["nearest_nic"] = nearest
         want_nic = _nth(ctx.setting(self.name, "gpu_nic"), gpu.index)
         if want_nic is not None:
@@ -258,7 +250,7 @@ class Pcie(Check):
 
     # --- NICs ----------------------------------------------------------------------------------
 
-    def _nic(self, ctx: Context, nic: _Nic, before: PciDevice | None) -> Result:
+    def _nic(self, ctx: Context, nic: NicFunction, before: PciDevice | None) -> Result:
         target = pcie_target(nic.address)
         f = TargetFindings(details={"pci_address": nic.address,
                                     "rdma_devices": list(nic.devices),
@@ -452,34 +444,6 @@ def _nth(values: Any, index: int) -> Any:
     return values[index]
 
 
-def _nics(ctx: Context) -> list[_Nic]:
+def _nics(ctx: Context) -> list[NicFunction]:
     """RDMA NIC PCI functions, each with the RDMA device names it carries."""
-    by_addr: dict[str, list[str]] = {}
-    numa: dict[str, int | None] = {}
-    for port in ctx.host.sysfs.infiniband_ports():
-        if not port.pci_address:
-            continue  # software RDMA (rxe, siw) has no PCIe link of its own
-        names = by_addr.setdefault(port.pci_address, [])
-        if port.device not in names:
-            names.append(port.device)
-        numa[port.pci_address] = port.numa_node
-    return [_Nic(a, tuple(d), numa.get(a)) for a, d in sorted(by_addr.items())]
-
-
-def _nearest_nic(gpu_address: str | None, numa: int | None, nics: list[_Nic]) -> str | None:
-    """The RDMA device closest to the GPU: same PCI domain and NUMA node, nearest bus number.
-
-    On HGX boards a GPU and its NIC sit behind the same PCIe switch, so their bus numbers are
-    neighbours (GPU 0000:53:00.0 and NIC 0000:4f:00.0). This is a heuristic; sysfs exposes no
-    switch hierarchy through the reader yet.
-    """
-    if not gpu_address or not nics:
-        return None
-    addr = canonical_pci(gpu_address)
-    domain, bus = addr[:4], int(addr[5:7], 16)
-    candidates = [n for n in nics if n.address[:4] == domain
-                  and (numa is None or n.numa_node is None or n.numa_node == numa)]
-    if not candidates:
-        return None
-    best = min(candidates, key=lambda n: (abs(int(n.address[5:7], 16) - bus), n.address))
-    return best.devices[0]
+    return nic_functions(ctx.host.sysfs.infiniband_ports())

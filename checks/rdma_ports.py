@@ -40,7 +40,15 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from checks._downtime import Track, nccl_tolerance_s, port_is_down, window_stats
+from checks._downtime import (
+    Track,
+    crossing_at,
+    intervals_over,
+    longest_interval,
+    nccl_tolerance_s,
+    port_is_down,
+    window_stats,
+)
 from gpu_monitor.check import Check, ClearTracker, Context, Setting
 from gpu_monitor.hw.sysfs_values import IbPort
 from gpu_monitor.metric_families import (
@@ -279,6 +287,7 @@ class RdmaPorts(Check):
         self._watch_since: float | None = None
         self._settings_key: tuple[int, int] | None = None
         self._settings_cache: Settings | None = None
+        self._wake_at: float | None = None
 
     # --- entry points ------------------------------------------------------------------
 
@@ -301,7 +310,24 @@ class RdmaPorts(Check):
         self._mark_watch(ctx, rec, now)
         results = self._evaluate(ctx, s, ports, self._tracks, rec, now, in_grace,
                                  {"window": "history"})
+        self._wake_at = self._next_crossing(s, now, in_grace)
         return self._clear.track(ctx, results)
+
+    # Polled this long after an outage's crossing instant, so that the outage is measured as
+    # longer than the tolerance, not equal to it.
+    CROSSING_MARGIN_S = 0.001
+
+    def _next_crossing(self, s: Settings, now: float, in_grace: bool) -> float | None:
+        """The earliest instant an open outage outlasts NCCL's tolerance, known while the port
+        is down: the daemon polls then (``wake_at``) rather than up to a poll period later."""
+        if in_grace:
+            return None
+        ahead = [at for tr in self._tracks.values()
+                 if (at := crossing_at(tr.open_start(), s.tolerance_s, now)) is not None]
+        return min(ahead) + self.CROSSING_MARGIN_S if ahead else None
+
+    def wake_at(self) -> float | None:
+        return self._wake_at
 
     def _one_shot(self, ctx: Context, s: Settings) -> list[Result]:
         """Judge with the daemon's history when it watched this window, else what we see.
@@ -536,6 +562,7 @@ class RdmaPorts(Check):
         open_start = tr.open_start()
         current = 0.0 if open_start is None else now - open_start
         downtime, longest, outages = window_stats(tr.intervals, now - s.window_s, now)
+        worst = longest_interval(tr.intervals, now - s.window_s, now)
         details.update({
             "downtime_s": round(downtime, 3), "window_s": s.window_s, "budget_s": s.budget_s,
             "warning_s": round(s.warning_s, 3), "nccl_tolerance_s": round(s.tolerance_s, 3),
@@ -543,6 +570,14 @@ class RdmaPorts(Check):
             "longest_outage_s": round(longest, 3), "current_outage_s": round(current, 3),
             "outages_in_window": outages, "flaps_between_polls": len(tr.flaps),
             "link_downed": downed, "link_downed_saturated": downed == LINK_DOWNED_MAX,
+            # The longest outage's bounds (epoch s; end None while open), and those of every
+            # outage NCCL did not survive: each keys one fail-fast notice (docs/workloads.md).
+            "longest_outage_start": None if worst is None else round(worst[0], 6),
+            "longest_outage_end": None if worst is None or worst[1] is None
+            else round(worst[1], 6),
+            "outages_over_tolerance": [
+                [round(a, 6), None if b is None else round(b, 6)]
+                for a, b in intervals_over(tr.intervals, s.tolerance_s, now - s.window_s, now)],
         })
         rate_low = (not down and s.rate_gbit is not None and port.rate_gbit is not None
                     and port.rate_gbit < s.rate_gbit)

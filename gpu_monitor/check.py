@@ -197,6 +197,14 @@ class Check:
         ``kmsg_literals`` (every record when they declare none)."""
         return ()
 
+    def wake_at(self) -> float | None:
+        """When the check wants its next poll sooner than its interval: epoch seconds on the
+        context clock's ``now()``, asked by the daemon after each poll (None: the interval).
+        A check whose verdict changes at an instant it can compute (an outage crossing a
+        tolerance) names that instant, so the daemon polls then instead of up to one interval
+        later."""
+        return None
+
     # --- helpers -------------------------------------------------------------------------
 
     @classmethod

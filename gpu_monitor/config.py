@@ -70,6 +70,7 @@ __all__ = [
     "ConfigError",
     "DaemonConfig",
     "DrainConfig",
+    "FailfastConfig",
     "NcclConfig",
     "RemediationConfig",
     "config_keys",
@@ -196,6 +197,25 @@ class WorkloadsConfig:
 
 WORKLOAD_SOURCES = ("auto", "kubelet", "nvml", "off")
 
+#: What a fail-fast notice does to the workloads holding an affected GPU (docs/workloads.md).
+FAILFAST_ACTIONS = ("event", "file", "signal", "delete")
+FAILFAST_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGABRT", "SIGKILL")
+
+
+@dataclass(frozen=True)
+class FailfastConfig:
+    """The fail-fast notice: tell the workloads a fabric fault has already doomed (docs/
+    workloads.md#the-fail-fast-notice)."""
+
+    enabled: bool = True
+    actions: tuple[str, ...] = ("event", "file")
+    dry_run: bool | None = None  # None: remediation.dry_run
+    notice_dir: str = "/run/gpu-monitor/notices"
+    signal: str = "SIGTERM"
+    on_xid: bool = False  # also on a fatal GPU Xid (the xid check's failed class)
+    max_age_s: float = 30.0  # an outage that ended longer ago than this notifies nobody
+    delete_grace_s: int = 0
+
 
 @dataclass(frozen=True)
 class Config:
@@ -215,6 +235,7 @@ class Config:
     remediation: RemediationConfig = field(default_factory=RemediationConfig)
     nccl: NcclConfig = field(default_factory=NcclConfig)
     workloads: WorkloadsConfig = field(default_factory=WorkloadsConfig)
+    failfast: FailfastConfig = field(default_factory=FailfastConfig)
     source: str | None = field(default=None, compare=False)
 
     # --- checks ---------------------------------------------------------------------------
@@ -431,6 +452,16 @@ def config_schema() -> Map:
             "gpu_resources": List(_RESOURCE_NAME),
             "rdma_resources": List(_RESOURCE_NAME),
         }),
+        "failfast": Map({
+            "enabled": Bool(),
+            "actions": List(Str(choices=FAILFAST_ACTIONS, lower=True)),
+            "dry_run": Nullable(Bool()),
+            "notice_dir": Str(what="an absolute directory path", pattern=r"/.*"),
+            "signal": Str(choices=FAILFAST_SIGNALS),
+            "on_xid": Bool(),
+            "max_age_s": SECONDS0,
+            "delete_grace_s": Int(0),
+        }),
     }, doc="a mapping")
 
 
@@ -470,6 +501,11 @@ def _cross_checks(data: Mapping[str, Any]) -> list[tuple[str, str]]:
     refresh = workloads.get("refresh_s", WorkloadsConfig.refresh_s)
     if workloads.get("timeout_s", WorkloadsConfig.timeout_s) > refresh:
         problems.append(("workloads.timeout_s", f"longer than workloads.refresh_s ({refresh:g})"))
+    seen: set[str] = set()
+    for i, action in enumerate((data.get("failfast") or {}).get("actions") or ()):
+        if action in seen:
+            problems.append((f"failfast.actions[{i}]", f"{action!r} is listed twice"))
+        seen.add(action)
     return problems
 
 
@@ -498,6 +534,9 @@ def parse_config(data: Any, source: str | None = None,
     for key in ("gpu_resources", "rdma_resources"):
         if key in workloads:
             workloads[key] = tuple(workloads[key])
+    failfast = dict(values.get("failfast") or {})
+    if "actions" in failfast:
+        failfast["actions"] = tuple(failfast["actions"])
     for key in ("profile_overrides", "checks"):
         if key in values:
             values[key] = freeze(values[key])
@@ -512,13 +551,14 @@ def parse_config(data: Any, source: str | None = None,
     values["remediation"] = remediation
     remediation_nested = {"breaker": BreakerConfig, "drain": DrainConfig, "slurm": SlurmConfig}
     config = Config(**{k: v for k, v in values.items()
-                       if k not in ("daemon", "remediation", "nccl", "workloads")})
+                       if k not in ("daemon", "remediation", "nccl", "workloads", "failfast")})
     return replace(config,
                    daemon=_build(DaemonConfig, values.get("daemon") or {}),
                    remediation=_build(RemediationConfig, values.get("remediation") or {},
                                       remediation_nested),
                    nccl=_build(NcclConfig, values.get("nccl") or {}),
-                   workloads=_build(WorkloadsConfig, workloads))
+                   workloads=_build(WorkloadsConfig, workloads),
+                   failfast=_build(FailfastConfig, failfast))
 
 
 def load_config(path: str | os.PathLike[str] | None = None,

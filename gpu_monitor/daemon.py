@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from datetime import timedelta
 
 from prometheus_client import CollectorRegistry
@@ -37,6 +38,7 @@ from prometheus_client import CollectorRegistry
 from gpu_monitor.check import Check, Context
 from gpu_monitor.daemon_kmsg import KV_FILE_POS, KmsgFollower
 from gpu_monitor.exporter import Exporter
+from gpu_monitor.failfast.metrics import failfast_collector
 from gpu_monitor.metrics import StoreCollector
 from gpu_monitor.model import Kind, Report, RunOutcome, UsageError
 from gpu_monitor.remediate.bootstrap_gate import BootstrapGate
@@ -90,9 +92,10 @@ class DaemonStats:
 class Daemon:
     def __init__(self, checks: Sequence[Check], ctx: Context, tick_s: float = 0.1,
                  kmsg_poll_s: float = 0.01, max_workers: int | None = None,
-                 remediator=None):
+                 remediator=None, failfast=None):
         self.checks = list(checks)
         self.remediator = remediator
+        self.failfast = failfast
         self.ctx = ctx
         self.tick_s = tick_s
         self.kmsg_poll_s = kmsg_poll_s
@@ -111,6 +114,8 @@ class Daemon:
         self._last_prune = None
         self._store_lock = threading.Lock()
         self._intervals: dict[str, float] = {}
+        self._due_lock = threading.Lock()
+        self._wake = threading.Event()  # set when a poll asks for an earlier next poll
 
     def stats_snapshot(self) -> dict[str, float]:
         """Daemon counters plus the kernel-log checks' own parse failures (lines that look like
@@ -138,6 +143,12 @@ class Daemon:
         return True
 
     def _consume(self, outcome: RunOutcome) -> None:
+        if self.failfast is not None:
+            # First: a doomed job is told before remediation's slower steps (it only queues).
+            try:
+                self.failfast.on_results(outcome.results)
+            except Exception as exc:  # noqa: BLE001
+                log.error("fail-fast could not take results of %s: %s", outcome.check, exc)
         if self.remediator is not None:
             # Stored first (guarantee 3), then handed to the policy; never blocks on the API.
             try:
@@ -156,10 +167,32 @@ class Daemon:
         """How long the scheduler may sleep: until the earliest due check, within
         [``tick_s``, 1 s] (wake-ups cost CPU on an idle node; 1 s bounds a missed deadline)."""
         now = self.ctx.clock.monotonic()
-        dues = [self.next_due.get(c.name, now) for c in self.poll_checks if self.interval(c) > 0]
+        with self._due_lock:
+            dues = [self.next_due.get(c.name, now) for c in self.poll_checks
+                    if self.interval(c) > 0]
         if not dues:
             return 1.0
-        return min(1.0, max(self.tick_s, min(dues) - now))
+        ahead = min(dues) - now
+        # A due time still ahead is slept to exactly (a check's wake_at is an instant that
+        # matters); one already past (its run still in flight) waits a tick.
+        return min(1.0, ahead if ahead > 0 else self.tick_s)
+
+    def _take_wake_request(self, check: Check) -> None:
+        """Bring the check's next poll forward to the instant it asked for (``wake_at``) and
+        wake the scheduler, which may be sleeping past it."""
+        try:
+            at = check.wake_at()
+        except Exception as exc:  # noqa: BLE001 - a broken request costs precision, not polls
+            log.warning("%s: wake_at failed: %s", check.name, exc)
+            return
+        if at is None:
+            return
+        delay = max(0.0, at - self.ctx.clock.now().timestamp())
+        due = self.ctx.clock.monotonic() + delay
+        with self._due_lock:
+            if due < self.next_due.get(check.name, float("inf")):
+                self.next_due[check.name] = due
+        self._wake.set()
 
     # --- one-shot --------------------------------------------------------------------------------
 
@@ -177,6 +210,7 @@ class Daemon:
     def _poll(self, check: Check) -> RunOutcome:
         outcome = run_check(check, self.ctx, method="poll")
         self._store(outcome)
+        self._take_wake_request(check)
         return outcome
 
     def tick(self, wait: bool = False) -> list[RunOutcome]:
@@ -191,9 +225,10 @@ class Daemon:
             running = self.in_flight.get(check.name)
             if running is not None and not running.done():
                 continue  # still running: never two runs of one check at once
-            if now < self.next_due.get(check.name, now):
-                continue
-            self.next_due[check.name] = now + interval
+            with self._due_lock:
+                if now < self.next_due.get(check.name, now):
+                    continue
+                self.next_due[check.name] = now + interval
             fut = self.pool.submit(self._poll, check)
             self.in_flight[check.name] = fut
             started.append(fut)
@@ -243,6 +278,8 @@ class Daemon:
     # --- lifecycle ---------------------------------------------------------------------------------
 
     def start(self) -> None:
+        if self.failfast is not None:
+            self.failfast.start()
         if self.remediator is not None:
             self.remediator.start()
         self.kmsg.open()
@@ -262,7 +299,8 @@ class Daemon:
                 self.tick()
             except Exception as exc:  # noqa: BLE001 - the scheduler must survive anything
                 log.error("scheduler error: %s", exc, exc_info=True)
-            self.stop_event.wait(self.seconds_to_next_due())
+            self._wake.wait(self.seconds_to_next_due())
+            self._wake.clear()
         self.shutdown()
 
     def health(self) -> tuple[bool, str]:
@@ -285,9 +323,11 @@ class Daemon:
 
     def stop(self, *_args) -> None:
         self.stop_event.set()
+        self._wake.set()
 
     def shutdown(self) -> None:
         self.stop_event.set()
+        self._wake.set()
         if self.remediator is not None:
             try:
                 self.remediator.stop()
@@ -296,6 +336,8 @@ class Daemon:
         if self._kmsg_thread is not None:
             self._kmsg_thread.join(timeout=2)
         self.pool.shutdown(wait=True, cancel_futures=True)
+        if self.failfast is not None:
+            self.failfast.stop()
         if self._kmsg_source is not None:
             try:
                 self._kmsg_source.close()
@@ -308,6 +350,58 @@ def _attribution(env):
     w = env.config.workloads
     return make_refresher(w.source, w.socket, w.refresh_s, w.timeout_s, w.gpu_resources,
                           w.rdma_resources, env.host.nvml)
+
+
+def _kube_maker(env, kube_factory=None) -> Callable[[], object]:
+    """A ``gpu_monitor.kube.Kube`` made on first call (``kube_factory``, else in-cluster
+    config or $KUBECONFIG), then the same one."""
+    made: list[object] = []
+    lock = threading.Lock()
+
+    def make():
+        from gpu_monitor.kube.client import Kube
+        from gpu_monitor.kube.config import load_api_client
+
+        with lock:
+            if not made:
+                client = kube_factory() if kube_factory else None
+                if client is None:
+                    client = load_api_client()
+                made.append(client if isinstance(client, Kube) else Kube(client, env.clock))
+            return made[0]
+
+    return make
+
+
+def make_failfast(env, attribution, kube_factory=None, observers=()):
+    """The fail-fast notifier of ``failfast.*`` (None when disabled or without a store), not
+    started: pairing from hw/topology, holders from the attribution refresher (none: every
+    notice is unknown), pids from NVML and the pods' cgroups, the API through gpu_monitor.kube."""
+    from gpu_monitor.failfast.notifier import FailFast, Wiring
+    from gpu_monitor.hw.cgroup import pod_pids
+    from gpu_monitor.hw.topology import read_pairing
+    from gpu_monitor.workloads.attribution import UNKNOWN
+
+    ff = env.config.failfast
+    if not ff.enabled or env.store is None:
+        return None
+    dry_run = env.config.remediation.dry_run if ff.dry_run is None else ff.dry_run
+    cgroups = env.host.paths.sys("fs", "cgroup")
+    nvml = env.host.nvml
+
+    def snapshot():
+        if attribution is None:
+            return replace(UNKNOWN, reason="workloads.source is off")
+        return attribution.current()
+
+    wiring = Wiring(
+        node=env.node, store=env.store, snapshot=snapshot,
+        pairing=lambda: read_pairing(nvml, env.host.sysfs),
+        now=lambda: env.clock.now().timestamp(),
+        gpu_pids=lambda gpus: [p.pid for g in gpus for p in nvml.processes(g)],
+        pod_pids=lambda uid: pod_pids(cgroups, uid),
+        kube=_kube_maker(env, kube_factory), observers=list(observers))
+    return FailFast(ff, dry_run, wiring)
 
 
 def build_registry(daemon: Daemon, store, check_classes, clock, extra=()):
@@ -449,7 +543,10 @@ def run_daemon(env, checks: Sequence[Check], *, listen: str, force: bool = False
                          if c.name != "xid"]
         remediator = build_remediator(env, retest_checks, kube_factory, holders)
         extra.append(remediation_collector(env.store))
-    daemon = Daemon(checks, ctx, remediator=remediator)
+    failfast = make_failfast(env, attribution, kube_factory)
+    if failfast is not None:
+        extra.append(failfast_collector(env.store, failfast.actions))
+    daemon = Daemon(checks, ctx, remediator=remediator, failfast=failfast)
     registry = build_registry(daemon, env.store, [type(c) for c in checks], env.clock,
                               extra=extra)
     exporter = Exporter(registry, daemon.health, ready=daemon.replayed.is_set)

@@ -375,3 +375,60 @@ def test_rotated_text_log_is_read_from_its_start(sim_env, tmp_path):
     log_path.write_text("Jan  2 15:30:12 host kernel: NVRM: new file line\n")
     check, _ = read_kmsg_once(ctx)
     assert len(check.seen) == 1
+
+
+class AsksEarly(Check):
+    """Asks for its next poll ``ahead`` seconds after each poll (an outage about to cross)."""
+
+    name = "asks_early"
+    kinds = frozenset({Kind.PASSIVE})
+    interval = 1.0
+
+    def __init__(self, clock, ahead):
+        self.clock, self.ahead, self.runs = clock, ahead, 0
+
+    def poll(self, ctx):
+        self.runs += 1
+        return [self.ok(ctx)]
+
+    def wake_at(self):
+        return None if self.ahead is None else self.clock.now().timestamp() + self.ahead
+
+
+def test_a_check_asking_for_an_earlier_poll_is_polled_then_not_a_tick_later(sim_env):
+    _node, ctx = sim_env()
+    check = AsksEarly(ctx.clock, 0.3)
+    d = Daemon([check], ctx)
+    d.tick(wait=True)
+    assert check.runs == 1
+    assert d.seconds_to_next_due() == pytest.approx(0.3)  # not the 1 s interval
+    assert d._wake.is_set()  # a sleeping scheduler is woken to recompute its sleep
+    ctx.clock.advance(0.3)
+    d.tick(wait=True)
+    assert check.runs == 2
+    check.ahead = 5.0  # later than the interval: the interval wins
+    ctx.clock.advance(0.3)
+    d.tick(wait=True)
+    assert check.runs == 3
+    assert d.seconds_to_next_due() == pytest.approx(1.0)
+    d.shutdown()
+
+
+def test_a_running_daemon_wakes_for_the_instant_asked_for(sim_env):
+    """The real loop on the real clock: a check with a ten-minute interval that asks for a poll
+    0.05 s after each poll is polled again and again (only its requests can do that)."""
+    from gpu_monitor.clock import Clock
+
+    class Slowly(AsksEarly):
+        interval = 600.0
+
+    _node, ctx = sim_env(clock=Clock())
+    check = Slowly(ctx.clock, 0.05)
+    d = Daemon([check], ctx)
+    t = threading.Thread(target=d.run, daemon=True)
+    t.start()
+    try:
+        eventually(lambda: check.runs >= 5, timeout=60)
+    finally:
+        d.stop()
+        t.join(timeout=30)

@@ -191,6 +191,11 @@ class Kube:
     def get_pod(self, namespace: str, name: str) -> dict | None:
         return self.call_or_none(self.core.read_namespaced_pod, name, namespace)
 
+    def patch_pod_status(self, namespace: str, name: str, body: Any) -> dict:
+        """A strategic-merge patch of the pod's ``status`` subresource (``pods/status``)."""
+        return self.call(self.core.patch_namespaced_pod_status, name, namespace, body,
+                         write=True)
+
     def evict(self, namespace: str, name: str, grace_period_s: int | None = None) -> None:
         """POST a policy/v1 Eviction (as kubectl: Content-Type application/json, empty
         deleteOptions unless a grace period is given). Raises KubeError on any non-2xx."""

@@ -148,10 +148,11 @@ def resolve(assignments: Iterable[DeviceAssignment], gpus: Iterable[GpuIdentity]
 
 
 def from_processes(processes: Mapping[str, Iterable[tuple[int, str]]],
-                   read_at: float | None = None) -> Snapshot:
+                   read_at: float | None = None,
+                   gpu_index: Mapping[str, int] | None = None) -> Snapshot:
     """The off-Kubernetes fallback: NVML's compute processes per GPU UUID (processes, not
-    pods)."""
-    return Snapshot(state="ok", source="nvml", read_at=read_at,
+    pods); ``gpu_index`` (UUID -> NVML index) lets ``holders_of_target`` answer for them."""
+    return Snapshot(state="ok", source="nvml", read_at=read_at, gpu_index=dict(gpu_index or {}),
                     gpus={uuid: tuple(Holder(pid=pid, process=name) for pid, name in procs)
                           for uuid, procs in processes.items()})
 

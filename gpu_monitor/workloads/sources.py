@@ -41,11 +41,12 @@ def nvml_reader(nvml: NvmlReader, clock: Callable[[], float] = time.monotonic,
     """A ``Refresher`` read function over NVML's per-GPU process lists."""
 
     def read() -> Snapshot:
-        procs = {}
+        procs, index = {}, {}
         for gpu in nvml.gpus():
             if gpu.uuid:
                 procs[gpu.uuid] = [(p.pid, process_name(p.pid)) for p in nvml.processes(gpu.index)]
-        return from_processes(procs, read_at=clock())
+                index[gpu.uuid] = gpu.index
+        return from_processes(procs, read_at=clock(), gpu_index=index)
 
     return read
 

@@ -468,3 +468,31 @@ def test_ibstat_down_and_polling_ports_are_down_and_not_rate_degraded(fixtures_d
     # The 100G management NICs (MT4125) are not in rdma.ports: reported, not judged.
     assert all(res[f"ib:{n}:1"].reason == "PortNotExpected" for n, t, *_ in ports
                if t == "MT4125")
+
+
+# --- the crossing instant: asked for, not waited for ------------------------------------------
+
+
+def test_a_down_port_asks_for_a_poll_at_the_instant_it_crosses_nccl_tolerance(rig):
+    r = rig("port-down@ib:mlx5_0:1,after=10,for=20")
+    r.run_to(10)
+    start = r.clock.now().timestamp()
+    res = r.poll_says(PORT, Status.DEGRADED, "PortDown")
+    tolerance = nccl_tolerance_s(18, 7)
+    assert res.details["longest_outage_start"] == pytest.approx(start, abs=1e-4)
+    assert res.details["longest_outage_end"] is None
+    wake = r.check.wake_at()
+    assert wake == pytest.approx(start + tolerance + RdmaPorts.CROSSING_MARGIN_S, abs=1e-4)
+    r.run_to(17)  # one-second polls up to just before the crossing
+    assert r.check.wake_at() == pytest.approx(wake, abs=1e-4)  # still ahead: still asked for
+    r.advance(wake - r.clock.now().timestamp())  # the daemon polls at the instant asked for
+    r.sync()
+    crossed = r.poll_says(PORT, Status.FAILED, "PortDownExceededNcclTimeout")
+    assert crossed.details["longest_outage_start"] == pytest.approx(start, abs=1e-4)
+    assert r.check.wake_at() is None  # crossed: nothing more to ask for
+
+
+def test_an_up_port_asks_for_no_early_poll(rig):
+    r = rig()
+    r.run_to(3)
+    assert r.check.wake_at() is None

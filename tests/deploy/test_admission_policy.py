@@ -26,7 +26,8 @@ NODE_CLAIM = "authentication.kubernetes.io/node-name"
 
 
 def _policy() -> dict[str, Any]:
-    return find(component_objects("own-node-admission"), "ValidatingAdmissionPolicy")
+    return find(component_objects("own-node-admission"), "ValidatingAdmissionPolicy",
+                "gpu-monitor-own-node")
 
 
 # --- structure (no CEL needed) -----------------------------------------------------------------
@@ -41,7 +42,8 @@ def test_the_policy_fails_closed_on_node_updates_by_our_service_account_only():
     assert set(rule["resources"]) == {"nodes", "nodes/status"}
     (cond,) = spec["matchConditions"]
     assert f"'{USERNAME}'" in cond["expression"]
-    binding = find(component_objects("own-node-admission"), "ValidatingAdmissionPolicyBinding")
+    binding = find(component_objects("own-node-admission"), "ValidatingAdmissionPolicyBinding",
+                   "gpu-monitor-own-node")
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
     assert binding["spec"]["validationActions"] == ["Deny"]
     assert "matchResources" not in binding["spec"], "the binding must apply to every Node"

@@ -275,3 +275,13 @@ def test_the_kubelet_pod_resources_socket_is_mounted_read_only_where_the_config_
     assert reached is not None, f"nothing mounts {DEFAULT_SOCKET}"
     host, mount = reached
     assert host == DEFAULT_SOCKET and mount.get("readOnly") is True
+
+
+def test_the_failfast_notice_dir_is_mounted_writable_at_the_same_host_path():
+    """failfast.notice_dir (the shipped config's value) must reach the host, writable, at the
+    same path: a job mounts that host directory to read its notice (docs/workloads.md)."""
+    notice_dir = _shipped_config().failfast.notice_dir
+    reached = _host_path_of(_daemonset(), notice_dir)
+    assert reached is not None, f"nothing mounts {notice_dir}"
+    host, mount = reached
+    assert host == notice_dir and not mount.get("readOnly")

@@ -315,7 +315,7 @@ def test_another_namespace_reaches_every_reference_to_it():
             assert subject["namespace"] == expected, doc["metadata"]["name"]
     assert {(d["kind"], d["metadata"]["name"]) for d in docs
             if d["metadata"].get("namespace") == "gpu-health-jobs"} == IN_JOB_NAMESPACE
-    policy = find(docs, "ValidatingAdmissionPolicy")
+    policy = find(docs, "ValidatingAdmissionPolicy", "gpu-monitor-own-node")
     assert "system:serviceaccount:gpu-health:gpu-monitor" in \
         policy["spec"]["matchConditions"][0]["expression"]
     args = find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -431,6 +431,19 @@ def test_force_delete_grants_the_rbac_and_turns_the_config_on():
     assert _config(docs)["remediation"]["drain"]["force_delete"] is True
 
 
+def test_failfast_delete_grants_pods_delete_and_adds_the_action():
+    assert not find_all([d for d in helm_render() if d["metadata"]["name"]
+                         == "gpu-monitor-force-delete"], "ClusterRole")
+    docs = helm_render({"failfastDelete": {"enabled": True}})
+    role = find(docs, "ClusterRole", "gpu-monitor-force-delete")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]}]
+    assert _config(docs)["failfast"]["actions"] == ["event", "file", "delete"]
+    assert _config(docs)["remediation"]["drain"].get("force_delete") is not True
+    mine = helm_render({"failfastDelete": {"enabled": True},
+                        "config": {"failfast": {"actions": ["file", "delete"]}}})
+    assert _config(mine)["failfast"]["actions"] == ["file", "delete"]
+
+
 def test_the_crd_is_kept_on_uninstall_unless_asked():
     crd = find(helm_render(), "CustomResourceDefinition")
     assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
@@ -535,4 +548,6 @@ def test_the_own_node_admission_policy_is_refused_on_a_cluster_before_1_30(tmp_p
     values = COMPONENT_VALUES["components/own-node-admission"]
     with h.Chart.load(chart) as old_cluster, pytest.raises(h.HelmError, match="needs Kubernetes >= 1.30"):
         old_cluster.render(values, name="gpu-monitor", namespace="gpu-monitor")
-    assert find(helm_render(values), "ValidatingAdmissionPolicy")
+    assert find(helm_render(values), "ValidatingAdmissionPolicy", "gpu-monitor-own-node")
+    pods = find(helm_render(values), "ValidatingAdmissionPolicy", "gpu-monitor-own-node-pods")
+    assert "system:serviceaccount:" in pods["spec"]["matchConditions"][0]["expression"]

@@ -29,8 +29,12 @@ def _kube():
 
 
 def _declared() -> set[Triple]:
+    """What remediation's delivery and the fail-fast notice declare, together."""
+    from gpu_monitor.failfast.pods import RBAC_RULES as FAILFAST_RULES
+
     return {(group, resource, verb)
-            for group, resource, verbs in _kube().RBAC_RULES for verb in verbs}
+            for group, resource, verbs in (*_kube().RBAC_RULES, *FAILFAST_RULES)
+            for verb in verbs}
 
 
 def _bound_rules(docs) -> list[tuple[dict, dict]]:

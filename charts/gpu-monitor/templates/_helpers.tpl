@@ -98,7 +98,8 @@ Merge the map (index . 1) into the map (index . 0), in place: maps key by key, a
 
 {{/*
 The daemon's configuration file: daemonset/config.yaml (through the link files/daemonset), with
-remediation.dryRun, remediation.breaker.* and forceDelete.enabled set in it, then `config`
+remediation.dryRun, remediation.breaker.*, forceDelete.enabled and failfastDelete.enabled set in
+it, then `config`
 merged over it.
 */}}
 {{- define "gpu-monitor.config" -}}
@@ -109,6 +110,7 @@ merged over it.
 {{- $_ := set $remediation.breaker "budget_fraction" .Values.remediation.breaker.budgetFraction -}}
 {{- $_ := set $remediation.breaker "max_nodes" .Values.remediation.breaker.maxNodes -}}
 {{- if .Values.forceDelete.enabled }}{{ $_ := set $remediation.drain "force_delete" true }}{{ end -}}
+{{- if .Values.failfastDelete.enabled }}{{ $_ := set $config "failfast" (merge (dict "actions" (list "event" "file" "delete")) (default (dict) $config.failfast)) }}{{ end -}}
 {{- include "gpu-monitor.mergeInto" (list $config .Values.config) -}}
 # daemonset/config.yaml with the chart's values applied (values.yaml: remediation, forceDelete,
 # config). Every key: docs/configuration.md.
