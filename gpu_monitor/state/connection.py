@@ -48,6 +48,7 @@ class Database:
         self._clock = clock
         self._lock = threading.RLock()
         self._tx: str | None = None  # "read" or "write" while this thread holds a transaction
+        self._rolled_back = 0  # write transactions undone (what they wrote is not stored)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -186,6 +187,7 @@ class Database:
                     yield conn
                     conn.execute("COMMIT")
                 except BaseException:
+                    self._rolled_back += 1
                     self._end_stale_transaction(conn)
                     raise
                 finally:
