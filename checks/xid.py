@@ -28,7 +28,6 @@ Parsing lives in gpu_monitor/rules/xid.py; docs/xid.md explains the classificati
 from __future__ import annotations
 
 import logging
-import threading
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -49,6 +48,7 @@ from checks._kmsg_events import (
 from checks._xid_history import XidRecall, counts_as_repeat
 from gpu_monitor.check import Check, ClearTracker, Context, Setting
 from gpu_monitor.hw.kmsg.record import KmsgGap, KmsgRecord
+from gpu_monitor.locks import WaitedLock
 from gpu_monitor.metric_families import CheckMetric, LatestResult, MetricsHistory, Sample
 from gpu_monitor.model import (
     NODE,
@@ -142,7 +142,7 @@ class Xid(Check):
         from the state in memory (the reference tests hold that state to)."""
         self.parse_errors = 0
         self.parse_error_kinds: Counter[str] = Counter()
-        self._lock = threading.RLock()
+        self._lock = WaitedLock()  # the follower lets go between batches when polled
         self._gpus: dict[str, tuple[int, str | None]] = {}
         self._map_at: float | None = None
         self._memory: list[XidEvent] = []  # history when there is no store

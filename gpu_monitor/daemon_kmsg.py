@@ -57,7 +57,7 @@ log = logging.getLogger("gpu_monitor.daemon")
 #: Records read per batch (guarantee 2); also the most candidates one transaction holds the
 #: store for (a scrape waits for at most one batch).
 BATCH_RECORDS = 32
-#: The pause between two batches of a backlog (see ``pump_all``).
+#: The pause between two batches of a backlog while another thread waits (see ``pump_all``).
 YIELD_S = 0.001
 #: The store key of a followed text log's saved position (device, inode, offset), per path.
 KV_FILE_POS = "kmsg_file_position"
@@ -303,12 +303,19 @@ class KmsgFollower:
             total += n
             if not read:
                 break
-            if read >= BATCH_RECORDS:
-                # A backlog. Fair share: a thread waiting for the store (a scrape, a poll) gets
-                # it between two batches; a lock released and at once retaken by this thread
-                # would starve it. (Not after a small read: that pause is an event's latency.)
+            if read >= BATCH_RECORDS and self._waited():
+                # A backlog. Fair share: a thread waiting for the store or a check (a scrape,
+                # a poll) gets it between two batches; a lock released and at once retaken by
+                # this thread would starve it. Only then: a pause per batch with nobody
+                # waiting only slows the catch-up (and after a small read it would be an
+                # event's latency).
                 time.sleep(YIELD_S)
         return total
+
+    def _waited(self) -> bool:
+        """Whether another thread waits for the store or a kernel-log check's lock now."""
+        locks = [self.ctx.store, *(getattr(c, "_lock", None) for c in self.checks)]
+        return any(getattr(lock, "waited", False) for lock in locks)
 
     # --- the follower thread -------------------------------------------------------------
 

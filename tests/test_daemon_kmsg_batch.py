@@ -4,6 +4,7 @@ killed inside a batch loses and doubles nothing), and a long replay beside the s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import subprocess
@@ -333,3 +334,44 @@ def test_merged_outcomes_store_what_the_parts_store_one_by_one(fake_clock):
                  lambda s: s.runs(), lambda s: s.results_for("xid")):
         assert read(at_once) == read(one_by_one)
 
+
+def test_a_backlog_pauses_between_batches_only_when_someone_waits(sim_env, tmp_path,  # noqa: F811
+                                                                  monkeypatch):
+    import gpu_monitor.daemon_kmsg as follower
+
+    _, ctx = sim_env()
+    _text_log(ctx, tmp_path, [XID.format(n=i) for i in range(4 * BATCH_RECORDS)])
+    pauses = []
+    monkeypatch.setattr(follower.time, "sleep", pauses.append)
+    check = Seen()
+    d = Daemon([check], ctx)
+    d.open_kmsg()
+    d.shutdown()
+    assert len(check.seen) == 4 * BATCH_RECORDS and pauses == []
+
+    class Waited:  # a lock some other thread is waiting for
+        waited = True
+
+    _, ctx = sim_env()
+    (tmp_path / "again").mkdir()
+    _text_log(ctx, tmp_path / "again", [XID.format(n=i) for i in range(4 * BATCH_RECORDS)])
+    check = Seen()
+    check._lock = Waited()
+    d = Daemon([check], ctx)
+    monkeypatch.setattr(d.kmsg, "_checks_locked", lambda: contextlib.ExitStack())
+    d.open_kmsg()
+    d.shutdown()
+    assert len(check.seen) == 4 * BATCH_RECORDS and pauses == [follower.YIELD_S] * 4
+
+
+def test_a_waited_lock_says_so_while_a_thread_waits():
+    from gpu_monitor.locks import WaitedLock
+
+    lock = WaitedLock()
+    with lock, lock:  # re-entrant
+        assert not lock.waited
+        t = threading.Thread(target=lambda: lock.acquire() and lock.release())
+        t.start()
+        eventually(lambda: lock.waited, what="the other thread waiting")
+    t.join(timeout=30)
+    assert not t.is_alive() and not lock.waited
