@@ -25,7 +25,6 @@ lines that could not be used.
 from __future__ import annotations
 
 import logging
-import threading
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from datetime import datetime
@@ -52,6 +51,7 @@ from gpu_monitor.hw.nvml import (
     NvmlError,
     NvmlErrorKind,
 )
+from gpu_monitor.locks import WaitedLock
 from gpu_monitor.metric_families import CheckMetric, LatestResult, MetricsHistory, Sample
 from gpu_monitor.model import (
     NODE,
@@ -124,7 +124,7 @@ class NvSwitch(Check):
     def __init__(self) -> None:
         self.parse_errors = 0
         self.parse_error_kinds: Counter[str] = Counter()
-        self._lock = threading.RLock()
+        self._lock = WaitedLock()  # the follower lets go between batches when polled
         self._grouper = SxidGrouper()
         self._open = OpenProblems(self.name)
         self._clear = ClearTracker(self.name)

@@ -28,7 +28,6 @@ Parsing lives in gpu_monitor/rules/xid.py; docs/xid.md explains the classificati
 from __future__ import annotations
 
 import logging
-import threading
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -46,8 +45,10 @@ from checks._kmsg_events import (
     reset_times,
     worse_than,
 )
+from checks._xid_history import XidRecall, counts_as_repeat
 from gpu_monitor.check import Check, ClearTracker, Context, Setting
 from gpu_monitor.hw.kmsg.record import KmsgGap, KmsgRecord
+from gpu_monitor.locks import WaitedLock
 from gpu_monitor.metric_families import CheckMetric, LatestResult, MetricsHistory, Sample
 from gpu_monitor.model import (
     NODE,
@@ -136,10 +137,12 @@ class Xid(Check):
                            "NVIDIA Xid events seen in the kernel log, per GPU and code.",
                            samples=xid_event_samples),)
 
-    def __init__(self) -> None:
+    def __init__(self, *, recount: bool = False) -> None:
+        """``recount``: judge every event by reading its history back from the store, never
+        from the state in memory (the reference tests hold that state to)."""
         self.parse_errors = 0
         self.parse_error_kinds: Counter[str] = Counter()
-        self._lock = threading.RLock()
+        self._lock = WaitedLock()  # the follower lets go between batches when polled
         self._gpus: dict[str, tuple[int, str | None]] = {}
         self._map_at: float | None = None
         self._memory: list[XidEvent] = []  # history when there is no store
@@ -147,6 +150,7 @@ class Xid(Check):
         self._clear = ClearTracker(self.name)
         self._pending: tuple[GpuHeader, int] | None = None
         self._recent_bus: dict[str, tuple[datetime, str, bool]] = {}
+        self._recall = None if recount else XidRecall()
 
     # --- parse errors ------------------------------------------------------------------------
 
@@ -200,9 +204,12 @@ class Xid(Check):
     def _remember(self, ctx: Context, event: XidEvent) -> None:
         if ctx.store is not None:
             try:
-                ctx.store.add_xid_event(event)
+                added = ctx.store.add_xid_event(event)
             except Exception as exc:  # noqa: BLE001 - keep detecting even if history fails
                 log.error("xid: cannot store event: %s", exc)
+                return
+            if added and self._recall is not None:
+                self._recall.added(ctx.store, event)
             return
         key = (event.boot_id, event.seq, event.code, event.pci_bus_id)
         if not any((e.boot_id, e.seq, e.code, e.pci_bus_id) == key for e in self._memory[-64:]):
@@ -266,12 +273,7 @@ class Xid(Check):
         if x.code == 79 and self._same_bus_event(uuid or x.pci or target, at, boot,
                                                  x.fallen_off_bus):
             return []
-        # An application Xid is judged on its window alone: older history is not read.
-        since = (at - timedelta(seconds=float(ctx.setting(self.name, "app_xid_window_s")))
-                 if cls.category == "application" else None)
-        prior = [e for e in self._history(ctx, x.code, uuid, x.pci, since)
-                 if not (e.boot_id == boot and e.seq == seq) and e.observed_at <= at]
-        status, action, details = self._judge(cls, x, prior, at, boot, index, uuid, ctx)
+        status, action, details = self._judge(cls, x, at, boot, seq, index, uuid, ctx)
         fatal = status is Status.FAILED
         replay_max = float(ctx.setting(self.name, "replay_max_age_s"))
         age_s = (ctx.clock.now() - at).total_seconds()
@@ -302,8 +304,8 @@ class Xid(Check):
         return bool(prev and prev[1] == boot and prev[2] != fallen
                     and abs((at - prev[0]).total_seconds()) <= SAME_BUS_EVENT_S)
 
-    def _judge(self, cls: Classification, x: ParsedXid, prior: list[XidEvent], at: datetime,
-               boot: str, index: int | None, uuid: str | None, ctx: Context
+    def _judge(self, cls: Classification, x: ParsedXid, at: datetime, boot: str, seq: int,
+               index: int | None, uuid: str | None, ctx: Context
                ) -> tuple[Status, Action, dict[str, Any]]:
         status, action = cls.status, cls.action
         details: dict[str, Any] = {}
@@ -314,10 +316,7 @@ class Xid(Check):
             window = float(setting(self.name, "app_xid_window_s"))
             dedup = float(setting(self.name, "app_xid_dedup_s"))
             limit = int(setting(self.name, "app_xid_repeat_count"))
-            start = at - timedelta(seconds=window)
-            times = [e.observed_at for e in prior
-                     if e.observed_at >= start and "caused by previous Xid" not in e.message]
-            n = burst_count([*times, at], dedup)
+            n = self._occurrences(ctx, x, uuid, at, boot, seq, window, dedup)
             details.update(occurrences_in_window=n, app_xid_repeat_count=limit,
                            app_xid_window_s=window, app_xid_dedup_s=dedup)
             if n >= limit:
@@ -325,17 +324,58 @@ class Xid(Check):
                 return Status.FAILED, Action.RESET_GPU, details
             return Status.OK, Action.NONE, details
         if action in ESCALATION_LADDER:
-            failed_before = [e for e in prior if e.fatal]  # milder payloads do not count
-            occurrences = [(e.observed_at, e.boot_id) for e in failed_before] + [(at, boot)]
-            recoveries = count_recoveries(occurrences, reset_times(ctx, index, uuid))
+            previous, recoveries = self._recoveries(ctx, x, uuid, at, boot, seq,
+                                                    reset_times(ctx, index, uuid))
             limit = int(setting(self.name, "replace_after_resets"))
             escalated = escalate(action, recoveries, limit)
-            details.update(previous_occurrences=len(failed_before), recoveries=recoveries,
+            details.update(previous_occurrences=previous, recoveries=recoveries,
                            replace_after_resets=limit)
             if escalated is not action:
                 details["escalated_from"] = action.value
             action = escalated
         return status, action, details
+
+    def _quick(self, ctx: Context, boot: str, seq: int, code: int) -> XidRecall | None:
+        """The history in memory, when it may answer for this event (checks/_xid_history.py)."""
+        recall = self._recall
+        if recall is None or ctx.store is None or not recall.usable(ctx.store, boot, seq, code):
+            return None
+        return recall
+
+    def _prior(self, ctx: Context, x: ParsedXid, uuid: str | None, at: datetime, boot: str,
+               seq: int, since: datetime | None) -> list[XidEvent]:
+        """The recount's history: this GPU's stored events of the code up to ``at`` (from
+        ``since``), the event's own record left out (a replay of it)."""
+        return [e for e in self._history(ctx, x.code, uuid, x.pci, since)
+                if not (e.boot_id == boot and e.seq == seq) and e.observed_at <= at]
+
+    def _occurrences(self, ctx: Context, x: ParsedXid, uuid: str | None, at: datetime,
+                     boot: str, seq: int, window: float, dedup: float) -> int:
+        """Bursts of the application Xid on this GPU in the window ending at ``at``, this one
+        included (repeats closer than ``dedup`` count once; sympathetic ones never)."""
+        recall = self._quick(ctx, boot, seq, x.code)
+        if recall is not None:
+            n = recall.bursts(ctx.store, x.code, uuid, x.pci, at, window, dedup)
+            if n is not None:
+                return n
+        # An application Xid is judged on its window alone: older history is not read.
+        start = at - timedelta(seconds=window)
+        times = [e.observed_at for e in self._prior(ctx, x, uuid, at, boot, seq, start)
+                 if e.observed_at >= start and counts_as_repeat(e.message)]
+        return burst_count([*times, at], dedup)
+
+    def _recoveries(self, ctx: Context, x: ParsedXid, uuid: str | None, at: datetime,
+                    boot: str, seq: int, resets: Sequence[datetime]) -> tuple[int, int]:
+        """(earlier fatal occurrences of the code on this GPU, recoveries between them and this
+        one): milder payloads of the code do not count."""
+        recall = self._quick(ctx, boot, seq, x.code)
+        if recall is not None:
+            quick = recall.ladder(ctx.store, x.code, uuid, x.pci, at, boot, resets)
+            if quick is not None:
+                return quick
+        failed_before = [e for e in self._prior(ctx, x, uuid, at, boot, seq, None) if e.fatal]
+        occurrences = [(e.observed_at, e.boot_id) for e in failed_before] + [(at, boot)]
+        return len(failed_before), count_recoveries(occurrences, resets)
 
     def _describe(self, cls: Classification, x: ParsedXid, record: KmsgRecord, boot: str,
                   seq: int, at: datetime, uuid: str | None, index: int | None
@@ -443,7 +483,7 @@ class Xid(Check):
                 continue
             if catalog.get(e.code).category != "application":
                 continue
-            if "caused by previous Xid" in e.message:
+            if not counts_as_repeat(e.message):
                 continue
             times.setdefault(e.code, []).append(e.observed_at)
         for code, ts in sorted(times.items()):

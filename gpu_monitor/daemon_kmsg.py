@@ -57,10 +57,36 @@ log = logging.getLogger("gpu_monitor.daemon")
 #: Records read per batch (guarantee 2); also the most candidates one transaction holds the
 #: store for (a scrape waits for at most one batch).
 BATCH_RECORDS = 32
-#: The pause between two batches of a backlog (see ``pump_all``).
+#: The pause between two batches of a backlog while another thread waits (see ``pump_all``).
 YIELD_S = 0.001
 #: The store key of a followed text log's saved position (device, inode, offset), per path.
 KV_FILE_POS = "kmsg_file_position"
+
+
+def merge_outcomes(outcomes: Sequence[RunOutcome]
+                   ) -> list[tuple[RunOutcome, list[RunOutcome]]]:
+    """One outcome per check and run of consecutive outcomes with the same ``success`` and
+    ``error``, with their results in order, and the parts it was made of. What a store of the
+    merged outcome records is what storing the parts one by one does: every result, each
+    reason's count, and as the check's latest run the last part's time, duration and
+    success."""
+    groups: dict[str, list[list[RunOutcome]]] = {}
+    for outcome in outcomes:
+        runs = groups.setdefault(outcome.check, [])
+        if runs and (runs[-1][-1].success, runs[-1][-1].error) == (outcome.success,
+                                                                    outcome.error):
+            runs[-1].append(outcome)
+        else:
+            runs.append([outcome])
+    merged = []
+    for runs in groups.values():
+        for parts in runs:
+            last = parts[-1]
+            whole = last if len(parts) == 1 else RunOutcome(
+                last.check, tuple(r for p in parts for r in p.results), last.started_at,
+                last.duration_s, last.success, last.error)
+            merged.append((whole, parts))
+    return merged
 
 
 class KmsgFollower:
@@ -193,10 +219,11 @@ class KmsgFollower:
             except Exception:  # noqa: BLE001
                 high = None
         seqs: list[int] = []
+        pending: list[RunOutcome] = []
         n = 0
         for item in items:
             if isinstance(item, KmsgGap):
-                self._gap(item, outcomes)
+                self._gap(item, pending)
                 continue
             if item.malformed:
                 with self.stats.lock:
@@ -206,15 +233,16 @@ class KmsgFollower:
                 with self.stats.lock:
                     self.stats.kmsg_skipped_replay += 1
                 continue
-            n += self._dispatch(item, outcomes)
+            n += self._dispatch(item, pending)
             if seq is not None:
                 seqs.append(seq)
+        self._record_batch(pending, outcomes)
         if store is not None and self._boot_known and seqs:
             store.mark_kmsg_many(self.boot_id, seqs)
         self._save_file_position(store)
         return n
 
-    def _gap(self, gap: KmsgGap, outcomes: list[RunOutcome]) -> None:
+    def _gap(self, gap: KmsgGap, pending: list[RunOutcome]) -> None:
         with self.stats.lock:
             self.stats.kmsg_gaps += 1
         log.warning("kernel ring buffer overrun: %s records lost (%s)",
@@ -225,9 +253,9 @@ class KmsgFollower:
         for check in self.checks:
             res = Result(check=check.name, status=Status.UNKNOWN, target=NODE,
                          reason="KmsgOverrun", message=message, observed_at=now)
-            self._keep(RunOutcome(check.name, (res,), now, 0.0, False, "KmsgOverrun"), outcomes)
+            pending.append(RunOutcome(check.name, (res,), now, 0.0, False, "KmsgOverrun"))
 
-    def _dispatch(self, record, outcomes: list[RunOutcome]) -> int:
+    def _dispatch(self, record, pending: list[RunOutcome]) -> int:
         """Hand ``record`` to each check that wants it; 1 when any did."""
         raw = record.raw
         handed = 0
@@ -241,12 +269,20 @@ class KmsgFollower:
             else:
                 outcome = run_on_kmsg(check, self.ctx, record)
             if outcome is not None:
-                self._keep(outcome, outcomes)
+                pending.append(outcome)
         return handed
 
-    def _keep(self, outcome: RunOutcome, outcomes: list[RunOutcome]) -> None:
-        if self._record(outcome):
-            outcomes.append(outcome)
+    def _record_batch(self, pending: list[RunOutcome], outcomes: list[RunOutcome]) -> None:
+        """Store the batch's outcomes with one ``record_run`` per check and run of like
+        outcomes (:func:`merge_outcomes`), not one per record; a merged outcome that cannot be
+        stored is tried part by part, so one bad result does not lose the others."""
+        for merged, parts in merge_outcomes(pending):
+            if self._record(merged):
+                outcomes.append(merged)
+                continue
+            for part in parts if len(parts) > 1 else ():
+                if self._record(part):
+                    outcomes.append(part)
 
     def _save_file_position(self, store) -> None:
         src = self.source
@@ -267,12 +303,19 @@ class KmsgFollower:
             total += n
             if not read:
                 break
-            if read >= BATCH_RECORDS:
-                # A backlog. Fair share: a thread waiting for the store (a scrape, a poll) gets
-                # it between two batches; a lock released and at once retaken by this thread
-                # would starve it. (Not after a small read: that pause is an event's latency.)
+            if read >= BATCH_RECORDS and self._waited():
+                # A backlog. Fair share: a thread waiting for the store or a check (a scrape,
+                # a poll) gets it between two batches; a lock released and at once retaken by
+                # this thread would starve it. Only then: a pause per batch with nobody
+                # waiting only slows the catch-up (and after a small read it would be an
+                # event's latency).
                 time.sleep(YIELD_S)
         return total
+
+    def _waited(self) -> bool:
+        """Whether another thread waits for the store or a kernel-log check's lock now."""
+        locks = [self.ctx.store, *(getattr(c, "_lock", None) for c in self.checks)]
+        return any(getattr(lock, "waited", False) for lock in locks)
 
     # --- the follower thread -------------------------------------------------------------
 

@@ -4,6 +4,7 @@ killed inside a batch loses and doubles nothing), and a long replay beside the s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import subprocess
@@ -286,3 +287,91 @@ def test_an_unread_boot_id_is_one_value_and_marks_no_high_water(sim_env, monkeyp
     assert {e.boot_id for e in ctx.store.xid_events(kind="xid")} == {UNKNOWN_BOOT}
     # Sequence numbers of different boots would be confused under one unread id.
     assert ctx.store.kmsg_high_water(UNKNOWN_BOOT) is None
+
+
+def test_a_batch_is_stored_with_one_record_run_per_check(sim_env, tmp_path, monkeypatch):  # noqa: F811
+    _, ctx = sim_env()
+    _text_log(ctx, tmp_path, [XID.format(n=i) for i in range(3 * BATCH_RECORDS)])
+    calls = []
+    real = ctx.store.record_run
+    monkeypatch.setattr(ctx.store, "record_run",
+                        lambda outcome: (calls.append(len(outcome.results)), real(outcome))[1])
+    d = Daemon([Xid(), Crashes()], ctx)
+    d.open_kmsg()
+    d.shutdown()
+    # 3 batches x 2 checks, each of them one run of like outcomes, all 96 results stored
+    assert calls == [BATCH_RECORDS] * 6
+    assert ctx.store.reason_counts()[("xid", "Xid13")] == 3 * BATCH_RECORDS
+    assert ctx.store.reason_counts()[("crashes", "CheckCrashed")] == 3 * BATCH_RECORDS
+
+
+def test_merged_outcomes_store_what_the_parts_store_one_by_one(fake_clock):
+    from datetime import timedelta
+
+    from gpu_monitor.daemon_kmsg import merge_outcomes
+    from gpu_monitor.model import Result, RunOutcome
+    from gpu_monitor.state import Store
+
+    def outcome(check, n, success=True, error=""):
+        at = fake_clock.now() + timedelta(seconds=n)
+        status = Status.OK if success else Status.UNKNOWN
+        res = Result(check=check, status=status, target=f"gpu:{n % 3}",
+                     reason="Xid13" if success else "CheckCrashed", message=f"#{n}",
+                     details={"n": n}, observed_at=at)
+        return RunOutcome(check, (res,), at, 0.01 * n, success, error)
+
+    parts = [outcome("xid", 1), outcome("sxid", 2), outcome("xid", 3),
+             outcome("xid", 4, False, "RuntimeError"), outcome("xid", 5), outcome("xid", 6)]
+    merged = merge_outcomes(parts)
+    assert [(m.check, len(p)) for m, p in merged] == [("xid", 2), ("xid", 1), ("xid", 2),
+                                                       ("sxid", 1)]
+    one_by_one, at_once = Store.open(":memory:", fake_clock), Store.open(":memory:", fake_clock)
+    for p in parts:
+        one_by_one.record_run(p)
+    for m, _ in merged:
+        at_once.record_run(m)
+    for read in (lambda s: s.latest_results(), lambda s: s.reason_counts(),
+                 lambda s: s.runs(), lambda s: s.results_for("xid")):
+        assert read(at_once) == read(one_by_one)
+
+
+def test_a_backlog_pauses_between_batches_only_when_someone_waits(sim_env, tmp_path,  # noqa: F811
+                                                                  monkeypatch):
+    import gpu_monitor.daemon_kmsg as follower
+
+    _, ctx = sim_env()
+    _text_log(ctx, tmp_path, [XID.format(n=i) for i in range(4 * BATCH_RECORDS)])
+    pauses = []
+    monkeypatch.setattr(follower.time, "sleep", pauses.append)
+    check = Seen()
+    d = Daemon([check], ctx)
+    d.open_kmsg()
+    d.shutdown()
+    assert len(check.seen) == 4 * BATCH_RECORDS and pauses == []
+
+    class Waited:  # a lock some other thread is waiting for
+        waited = True
+
+    _, ctx = sim_env()
+    (tmp_path / "again").mkdir()
+    _text_log(ctx, tmp_path / "again", [XID.format(n=i) for i in range(4 * BATCH_RECORDS)])
+    check = Seen()
+    check._lock = Waited()
+    d = Daemon([check], ctx)
+    monkeypatch.setattr(d.kmsg, "_checks_locked", lambda: contextlib.ExitStack())
+    d.open_kmsg()
+    d.shutdown()
+    assert len(check.seen) == 4 * BATCH_RECORDS and pauses == [follower.YIELD_S] * 4
+
+
+def test_a_waited_lock_says_so_while_a_thread_waits():
+    from gpu_monitor.locks import WaitedLock
+
+    lock = WaitedLock()
+    with lock, lock:  # re-entrant
+        assert not lock.waited
+        t = threading.Thread(target=lambda: lock.acquire() and lock.release())
+        t.start()
+        eventually(lambda: lock.waited, what="the other thread waiting")
+    t.join(timeout=30)
+    assert not t.is_alive() and not lock.waited

@@ -68,6 +68,8 @@ class Store(ResultTables, KernelLogTables, PortTables, NodeTables, KvTables):
                 " (SELECT result_id FROM latest_results)", (cutoff,)).rowcount
             deleted["xid_events"] = c.execute(
                 "DELETE FROM xid_events WHERE observed_us < ?", (cutoff,)).rowcount
+            if deleted["xid_events"]:
+                self._xid_events_pruned()
             deleted["port_down"] = c.execute(
                 "DELETE FROM port_down WHERE end_us IS NOT NULL AND end_us < ?",
                 (cutoff,)).rowcount

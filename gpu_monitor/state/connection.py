@@ -12,13 +12,13 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
-import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from gpu_monitor.clock import Clock
+from gpu_monitor.locks import WaitedLock
 from gpu_monitor.state.encoding import to_us
 from gpu_monitor.state.errors import StoreError, classify
 from gpu_monitor.state.files import (
@@ -46,8 +46,9 @@ class Database:
         self._conn: sqlite3.Connection | None = conn
         self._path = path
         self._clock = clock
-        self._lock = threading.RLock()
+        self._lock = WaitedLock()
         self._tx: str | None = None  # "read" or "write" while this thread holds a transaction
+        self._rolled_back = 0  # write transactions undone (what they wrote is not stored)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -123,6 +124,12 @@ class Database:
         return self._path
 
     @property
+    def waited(self) -> bool:
+        """Whether another thread is waiting for the store now (the kernel-log follower lets
+        go between two batches of a backlog only then)."""
+        return self._lock.waited
+
+    @property
     def closed(self) -> bool:
         return self._conn is None
 
@@ -186,6 +193,7 @@ class Database:
                     yield conn
                     conn.execute("COMMIT")
                 except BaseException:
+                    self._rolled_back += 1
                     self._end_stale_transaction(conn)
                     raise
                 finally:

@@ -8,6 +8,7 @@ died between the two adds nothing twice. The per-GPU, per-code counters only go 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -17,7 +18,7 @@ from gpu_monitor.model import canonical_pci
 from gpu_monitor.state.connection import Database
 from gpu_monitor.state.encoding import from_us, to_us
 
-__all__ = ["KernelLogTables", "XidEvent"]
+__all__ = ["KernelLogTables", "XidEvent", "XidHistoryMark"]
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,32 @@ class XidEvent:
 
 
 
+@dataclass(frozen=True)
+class XidHistoryMark:
+    """Where the stored events of one kind stand, for a reader that keeps what it read in
+    memory and adds its own events to it (the xid check's per-GPU history).
+
+    ``others`` changes whenever something other than this connection's ``add_xid_event``
+    may have changed the events: a prune that deleted some, a write transaction rolled back
+    (it may have held an add), a commit by another connection (SQLite's ``data_version``).
+    ``added`` counts the events of the kind this connection added. A reader whose copy was
+    right at one mark is right at a later one when ``others`` is the same and ``added`` grew
+    only by the events it added itself."""
+
+    others: tuple[int, int, int]
+    added: int
+
+    def plus(self, added: int) -> XidHistoryMark:
+        return XidHistoryMark(self.others, self.added + added)
+
+
 class KernelLogTables(Database):
     """``kmsg_boots``/``kmsg_seen`` (records handled) and ``xid_events``/``xid_counters``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._xid_added: Counter[str] = Counter()  # events added, per kind (XidHistoryMark)
+        self._xid_prunes = 0
 
     def mark_kmsg(self, boot_id: str, seq: int) -> None:
         """Remember that record ``seq`` of boot ``boot_id`` was handled."""
@@ -102,6 +127,7 @@ class KernelLogTables(Database):
                  event.message, int(event.fatal))).rowcount
             if not inserted:
                 return False
+            self._xid_added[event.kind] += 1
             # NULLs never collide in a primary key: -1 / '' stand for "not mapped to a GPU".
             c.execute(
                 "INSERT INTO xid_counters (kind, gpu_index, gpu_uuid, code, count)"
@@ -110,6 +136,24 @@ class KernelLogTables(Database):
                 (event.kind, -1 if event.gpu_index is None else int(event.gpu_index),
                  event.gpu_uuid or "", int(event.code)))
         return True
+
+    def xid_event_held(self, boot_id: str, seq: int, code: int) -> bool:
+        """Whether an event of record ``seq`` of boot ``boot_id`` with ``code`` is stored
+        (for any address: a record read again after a restart)."""
+        with self._read() as c:
+            return c.execute("SELECT 1 FROM xid_events WHERE boot_id = ? AND seq = ? AND"
+                             " code = ? LIMIT 1", (boot_id, int(seq), int(code))
+                             ).fetchone() is not None
+
+    def xid_history_mark(self, kind: str) -> XidHistoryMark:
+        """The stored events of ``kind`` now, as an :class:`XidHistoryMark`."""
+        with self._read() as c:
+            data_version = int(c.execute("PRAGMA data_version").fetchone()[0])
+        return XidHistoryMark((data_version, self._rolled_back, self._xid_prunes),
+                              self._xid_added[kind])
+
+    def _xid_events_pruned(self) -> None:
+        self._xid_prunes += 1
 
     def xid_events(self, since: datetime | None = None, uuid: str | None = None,
                    code: int | None = None, kind: str | None = None) -> list[XidEvent]:
