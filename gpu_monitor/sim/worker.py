@@ -10,7 +10,8 @@ through it:
 
 - ``Seam.account(elapsed_s)`` after each timed burst of compute: a device with
   ``speed_factor`` 3 sleeps twice the burst's duration, so it is measured three times slower
-  (sleeping, not spinning, keeps a shared 2-core machine free for the other workers);
+  (sleeping, not spinning, keeps a shared 2-core machine free for the other workers; the
+  device's compute clock counts the stretch it returns, ``Device.compute_clock``);
 - ``Seam.corrupt(tensor)`` on what the device produces (matmul results) and what it contributes
   to a collective: a device with ``wrong_results`` flips the top mantissa bit of one element,
   every time, at the same place (a stuck bit). The device agrees with itself, so only a
@@ -56,10 +57,14 @@ class Seam:
     def active(self) -> bool:
         return self.speed_factor != 1.0 or self.wrong_results or self.sdc
 
-    def account(self, elapsed_s: float, sleep=time.sleep) -> None:
-        """Stretch a burst that took ``elapsed_s`` to ``speed_factor`` times as long."""
+    def account(self, elapsed_s: float, sleep=time.sleep) -> float:
+        """Stretch a burst that took ``elapsed_s`` to ``speed_factor`` times as long; returns
+        the seconds it was stretched by (what a CPU device's compute clock adds)."""
         if self.speed_factor > 1.0 and elapsed_s > 0:
-            sleep(elapsed_s * (self.speed_factor - 1.0))
+            stretch = elapsed_s * (self.speed_factor - 1.0)
+            sleep(stretch)
+            return stretch
+        return 0.0
 
     def corrupt(self, tensor: Any) -> Any:
         """Flip the top mantissa bit of one element of ``tensor`` in place (when

@@ -49,7 +49,7 @@ class DeviceSeam(Protocol):
     @property
     def active(self) -> bool: ...
 
-    def account(self, elapsed_s: float) -> None: ...
+    def account(self, elapsed_s: float) -> float: ...
 
     def corrupt(self, tensor: Any) -> Any: ...
 
@@ -90,6 +90,7 @@ class Device:
         self.uuid = uuid
         self.seam = seam if seam is not None and seam.active else None
         self.torch = torch.device("cuda", torch_index) if kind == "cuda" else torch.device("cpu")
+        self.stretched_s = 0.0  # what the seam added to this device's bursts (compute_clock)
 
     def __repr__(self) -> str:
         return f"Device({self.torch}, gpu:{self.index}, {self.uuid})"
@@ -110,6 +111,20 @@ class Device:
         """A timestamp after everything queued on the device has finished."""
         self.synchronize()
         return time.perf_counter()
+
+    def compute_clock(self) -> float:
+        """A clock for timing a burst of compute on this device alone (burn-in's TFLOP/s).
+
+        On CUDA it is ``now()``: the GPU computes whatever else the host runs. A CPU device is
+        one thread of a core shared with everything on the host, so the wall clock would time
+        the host's scheduler, not the device: there it is this thread's CPU time (the worker
+        runs torch on one thread) plus what the seam stretched the bursts by (``account``).
+        Not for anything that waits (copies between processes, collectives): those are
+        timed by ``now()``.
+        """
+        if self.is_cuda:
+            return self.now()
+        return time.thread_time() + self.stretched_s
 
     # -- compute, through the seam ----------------------------------------------------------------
 
@@ -135,7 +150,7 @@ class Device:
     def account(self, elapsed_s: float) -> None:
         """Called after each timed burst of compute (a slow simulated device stretches it)."""
         if self.seam is not None:
-            self.seam.account(elapsed_s)
+            self.stretched_s += self.seam.account(elapsed_s)
 
     def outgoing(self, t: torch.Tensor) -> torch.Tensor:
         """The data this device contributes to a collective, as it leaves the device."""

@@ -300,9 +300,29 @@ def test_a_slow_device_is_stretched_by_its_factor():
     from gpu_monitor.sim.worker import Seam
 
     slept: list[float] = []
-    Seam("GPU-a", 0, speed_factor=3.0).account(0.5, sleep=slept.append)
-    Seam("GPU-a", 0).account(0.5, sleep=slept.append)
+    assert Seam("GPU-a", 0, speed_factor=3.0).account(0.5, sleep=slept.append) == 1.0
+    assert Seam("GPU-a", 0).account(0.5, sleep=slept.append) == 0.0
     assert slept == [1.0]
+
+
+def test_a_cpu_devices_compute_clock_counts_its_work_and_its_stretch_not_its_waiting():
+    """Burn-in times a CPU device by this thread's CPU time: a thread that waits (for the
+    host's scheduler, here for a sleep) does not age the clock, a slow device's stretch does."""
+    from gpu_monitor.sim.worker import Seam
+    from gpu_monitor.workers.device import Device
+
+    dev = Device("cpu", 0, "GPU-a", seam=Seam("GPU-a", 0, speed_factor=3.0))
+    wall0, t0 = time.perf_counter(), dev.compute_clock()
+    time.sleep(0.2)
+    waited_wall, waited_clock = time.perf_counter() - wall0, dev.compute_clock() - t0
+    assert waited_clock < waited_wall / 2
+    t1 = dev.compute_clock()
+    dev.account(0.05)  # the seam sleeps 0.1 s and says so
+    assert dev.stretched_s == pytest.approx(0.1)
+    assert dev.compute_clock() - t1 >= 0.1
+    healthy = Device("cpu", 1, "GPU-b", seam=Seam("GPU-b", 1))
+    healthy.account(0.05)
+    assert healthy.stretched_s == 0.0
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
