@@ -214,7 +214,7 @@ class FailfastConfig:
     signal: str = "SIGTERM"
     on_xid: bool = False  # also on a fatal GPU Xid (the xid check's failed class)
     max_age_s: float = 30.0  # an outage that ended longer ago than this notifies nobody
-    delete_grace_s: int = 0
+    delete_grace_s: float = 0.0  # the delete action's grace; the API takes whole seconds (ceil)
 
 
 @dataclass(frozen=True)
@@ -460,7 +460,7 @@ def config_schema() -> Map:
             "signal": Str(choices=FAILFAST_SIGNALS),
             "on_xid": Bool(),
             "max_age_s": SECONDS0,
-            "delete_grace_s": Int(0),
+            "delete_grace_s": SECONDS0,
         }),
     }, doc="a mapping")
 

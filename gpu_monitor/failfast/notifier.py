@@ -19,6 +19,7 @@ Guarantees, in order:
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -233,7 +234,7 @@ class FailFast:
             pods.condition(pod, t.cause, message, now)
             pods.event(pod, EVENT_REASON, message, now)
         elif action == "delete":
-            pods.delete(pod, self.settings.delete_grace_s)
+            pods.delete(pod, math.ceil(self.settings.delete_grace_s))
 
     def _signal(self, t: Trigger, record: dict, who: Affected) -> dict[str, str]:
         """One signal to every holder process: NVML's processes on the affected GPUs, the
