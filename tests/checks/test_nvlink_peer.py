@@ -101,8 +101,10 @@ def test_each_pair_is_judged_on_data_then_peer_access_then_bandwidth(pair, reaso
 
 def test_a_hung_copy_worker_is_unknown_on_the_pair_it_was_copying():
     # at=3: stuck before announcing the third pair, i.e. still in the second one (gpu:0->2).
-    # A generous budget (a third of it for start-up): a tight one fails under load.
-    res = run_sim(3, checks={"timeout_s": 45}, env={TEST_FAULT_ENV: "hang@peer copies,at=3"})
+    # The worker must reach the hang before the pool's start-up limit (a third of the budget)
+    # ends, or it is named as hung while starting up: 45 s (15 s of start-up) failed beside two
+    # busy suites, so 90 s (30 s of start-up; the hung turn waits out 30 s).
+    res = run_sim(3, checks={"timeout_s": 90}, env={TEST_FAULT_ENV: "hang@peer copies,at=3"})
     r = res["p2p:0:2"]
     assert r.status is Status.UNKNOWN and r.reason == "WorkerTimeout"
     assert r.message.startswith("worker for peer copies timed out after ")
