@@ -1,18 +1,19 @@
-"""The wire-level fake apiserver for the fail-fast API tests."""
+"""Fixtures of the fail-fast tests: the wire-level fake apiserver (the one tests/kube uses)
+and a rig whose RDMA port has just crossed NCCL's tolerance."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
-from tests.kube.fake_apiserver import FakeApiServer
+from tests.failfast.failfast_helpers import crossing_result, new_rig
+from tests.kube.conftest import fake_api  # noqa: F401 - the same fixture, not a copy
 
 
 @pytest.fixture
-def fake_api() -> Iterator[FakeApiServer]:
-    server = FakeApiServer().start()
+def crossing():
+    """A rig and the rdma_ports result of its port's outage crossing the tolerance."""
+    rig = new_rig()
     try:
-        yield server
+        yield rig, crossing_result(rig)
     finally:
-        server.stop()
+        rig.close()

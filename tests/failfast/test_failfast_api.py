@@ -4,21 +4,10 @@ and nothing written to a pod bound elsewhere."""
 
 from __future__ import annotations
 
-import pytest
-
 from gpu_monitor.failfast.pods import CONDITION_TYPE
 from gpu_monitor.failfast.trigger import triggers_from
-from tests.failfast.failfast_helpers import NODE, Rig, crossing_result, new_rig, pods_snapshot
+from tests.failfast.failfast_helpers import NODE, Rig, pods_snapshot
 from tests.remediate.remediate_helpers import kube_for
-
-
-@pytest.fixture
-def crossing():
-    rig = new_rig()
-    try:
-        yield rig, crossing_result(rig)
-    finally:
-        rig.close()
 
 
 def conditions(pod: dict) -> dict:

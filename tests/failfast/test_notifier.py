@@ -26,15 +26,6 @@ from tests.failfast.failfast_helpers import (
 from tests.waiting import eventually
 
 
-@pytest.fixture
-def crossing():
-    rig = new_rig()
-    try:
-        yield rig, crossing_result(rig)
-    finally:
-        rig.close()
-
-
 def read_json(path: str) -> dict:
     with open(path) as fh:
         return json.load(fh)
