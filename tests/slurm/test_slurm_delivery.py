@@ -90,12 +90,18 @@ def test_an_administrators_resume_of_our_drain_is_respected(slurm):
     assert d.release(NOW) is False
 
 
-def test_requeue_policy_requeues_a_real_job(slurm):
-    job = slurm.run("sbatch", "--parsable", "--requeue", "-p", JOBS, "-w", REAL,
+def _running_job(slurm, *options: str) -> str:
+    """A real ``sleep 300`` batch job on the real slurmd, once squeue says it runs."""
+    job = slurm.run("sbatch", "--parsable", *options, "-p", JOBS, "-w", REAL,
                     f"--output={slurm.dir}/job-%j.out", "--wrap", "sleep 300", check=True
                     ).stdout.strip().split(";")[0]
     eventually(lambda: slurm.run("squeue", "-h", "-j", job, "-o", "%T").stdout.strip()
                == "RUNNING", timeout=90, what=f"job {job} running on {REAL}")
+    return job
+
+
+def test_requeue_policy_requeues_a_real_job(slurm):
+    job = _running_job(slurm, "--requeue")
     d = SlurmDelivery(REAL, SlurmSettings(partitions=(JOBS,), gres=None, command_timeout_s=20.0,
                                           requeue_on=("Xid79",), drain_poll_s=0.5))
     d.quarantine("Xid79", "quarantined", NOW)
@@ -110,11 +116,7 @@ def test_requeue_policy_requeues_a_real_job(slurm):
 
 
 def test_without_the_policy_drain_lets_jobs_finish(slurm):
-    job = slurm.run("sbatch", "--parsable", "-p", JOBS, "-w", REAL,
-                    f"--output={slurm.dir}/job-%j.out", "--wrap", "sleep 300", check=True
-                    ).stdout.strip().split(";")[0]
-    eventually(lambda: slurm.run("squeue", "-h", "-j", job, "-o", "%T").stdout.strip()
-               == "RUNNING", timeout=90, what=f"job {job} running")
+    job = _running_job(slurm)
     d = SlurmDelivery(REAL, SlurmSettings(partitions=(JOBS,), gres=None, command_timeout_s=20.0,
                                           requeue_on=("Xid79",), drain_poll_s=0.2))
     d.quarantine("RowRemapFailure", "quarantined", NOW)
