@@ -188,6 +188,9 @@ class Kube:
         return self.list_pages(self.core.list_pod_for_all_namespaces,
                                field_selector=f"spec.nodeName={node}")[0]
 
+    def create_pod(self, namespace: str, body: dict) -> dict:
+        return self.call(self.core.create_namespaced_pod, namespace, body, write=True)
+
     def get_pod(self, namespace: str, name: str) -> dict | None:
         return self.call_or_none(self.core.read_namespaced_pod, name, namespace)
 

@@ -1,0 +1,186 @@
+"""The check between workloads, decided: what the cleaner does next, given what it sees.
+
+Pure: ``step`` takes what the daemon read (``NodeView``: the node's GPU workloads, our hold
+pod, whether the node is quarantined) and what it remembers (``Memory``, kept in the store so
+a restart resumes), and returns the actions to take and the new memory. The daemon's loop
+(``loop.py``) reads, calls ``step``, acts, and stores the memory before it acts on it.
+
+The hold (docs/cleaning.md#the-hold): a pod of our highest user PriorityClass
+(``gpu-monitor-cleaning``, preemptionPolicy Never) that requests every GPU of the node and is
+pinned to it by node affinity. It is created, Pending, while a workload holds the GPUs, so the
+moment the last GPU pod leaves, the Kubernetes scheduler binds it ahead of any pending workload
+of lower priority. While it is bound no workload can get the GPUs; the suite runs; a pass
+deletes it and releases the node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+
+from gpu_monitor.model import Verdict
+
+#: Why the hold is deleted (an Event's reason and the metric label say these words).
+RELEASED = "Passed"
+QUARANTINED = "Quarantined"
+REFUSED = "Refused"
+
+#: The cleaner's state, as metrics and ``gpu-monitor status`` say it.
+STATE_OFF = "off"
+STATE_IN_USE = "in_use"          # a workload holds the GPUs; the hold waits behind it
+STATE_WAITING = "waiting"        # no workload, the hold is not bound yet
+STATE_CLEANING = "cleaning"      # the hold is bound; the suite runs (or is due)
+STATE_RETRYING = "retrying"      # the suite could not give an answer; held, tried again later
+STATE_FAILED = "failed"          # the suite failed; held until remediation quarantines
+STATE_CLEAN = "clean"            # passed since the last workload; not held
+STATE_QUARANTINED = "quarantined"
+
+@dataclass(frozen=True)
+class Workload:
+    """A pod on the node that holds GPUs and is not ours (not terminal)."""
+
+    namespace: str
+    name: str
+    gpus: int
+    started: datetime | None  # status.startTime; None before the kubelet accepts it
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Our hold pod as the API server has it."""
+
+    name: str
+    bound: bool     # spec.nodeName is set: the scheduler placed it
+    running: bool   # status.phase Running: the kubelet admitted it, the GPUs are its
+    deleting: bool  # metadata.deletionTimestamp is set
+    refused: bool = False  # phase Failed/Succeeded: the kubelet refused or ended it
+
+
+@dataclass(frozen=True)
+class NodeView:
+    workloads: tuple[Workload, ...]
+    hold: Hold | None
+    quarantined: bool
+
+
+@dataclass(frozen=True)
+class Memory:
+    """What the cleaner must not forget across a restart (stored as JSON)."""
+
+    dirty: bool = True  # a workload may have used the GPUs since the last pass (start: yes)
+    idle_since: datetime | None = None  # when the node was last seen with no GPU workload
+    attempts: int = 0                   # suite runs without an answer since the hold bound
+    next_try: datetime | None = None    # after an unknown: not before this
+    held_failed: bool = False           # the last run failed: held until quarantine takes it
+    last_clean: datetime | None = None
+    missed: int = 0  # workloads that started on a node not cleaned since the one before
+
+    def to_json(self) -> dict:
+        def t(v: datetime | None) -> str | None:
+            return v.isoformat() if v else None
+        return {"dirty": self.dirty, "idle_since": t(self.idle_since),
+                "attempts": self.attempts, "next_try": t(self.next_try),
+                "held_failed": self.held_failed, "last_clean": t(self.last_clean),
+                "missed": self.missed}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Memory:
+        def t(v: object) -> datetime | None:
+            return datetime.fromisoformat(v) if isinstance(v, str) else None
+        return cls(dirty=bool(data.get("dirty", True)), idle_since=t(data.get("idle_since")),
+                   attempts=int(data.get("attempts") or 0), next_try=t(data.get("next_try")),
+                   held_failed=bool(data.get("held_failed")), last_clean=t(data.get("last_clean")),
+                   missed=int(data.get("missed") or 0))
+
+
+@dataclass(frozen=True)
+class CreateHold:
+    pass
+
+
+@dataclass(frozen=True)
+class DeleteHold:
+    why: str
+
+
+@dataclass(frozen=True)
+class RunSuite:
+    attempt: int
+
+
+Action = CreateHold | DeleteHold | RunSuite
+
+
+@dataclass(frozen=True)
+class Step:
+    state: str
+    actions: tuple[Action, ...]
+    memory: Memory
+    missed_now: int = 0  # workloads this step found started on an uncleaned node
+
+
+def _missed(view: NodeView, mem: Memory) -> int:
+    """Workloads that started after the node was seen idle while it was still dirty: the race
+    the hold cannot close (docs/cleaning.md#the-race-that-remains)."""
+    if not mem.dirty or mem.idle_since is None:
+        return 0
+    # startTime has a resolution of one second: a workload started in the second the node was
+    # seen idle counts (an alarm too many, never one too few).
+    since = mem.idle_since.replace(microsecond=0)
+    return sum(1 for w in view.workloads if w.started is not None and w.started >= since)
+
+
+def step(view: NodeView, mem: Memory, now: datetime) -> Step:
+    """The next actions. Never runs the suite beside a workload; never deletes a hold it did
+    not see; while a hold is being deleted no other is created (one name, one hold)."""
+    going = view.hold is not None and view.hold.deleting
+    hold = None if going else view.hold
+    create: tuple[Action, ...] = () if going else (CreateHold(),)  # one hold at a time
+    if view.quarantined:
+        # Quarantine's own taint and drain hold the node now, and it returns to service only
+        # after a retest passes: that retest is the cleaning.
+        mem = replace(mem, dirty=False, attempts=0, next_try=None, idle_since=None,
+                      held_failed=False)
+        acts: tuple[Action, ...] = (DeleteHold(QUARANTINED),) if hold else ()
+        return Step(STATE_QUARANTINED, acts, mem)
+    if hold is not None and hold.refused:
+        # The kubelet refused it (a workload got the GPUs first, OutOf<resource>) or it ended:
+        # it holds nothing. Deleted; the next step makes a new one.
+        return Step(STATE_IN_USE if view.workloads else STATE_WAITING,
+                    (DeleteHold(REFUSED),), mem)
+    if view.workloads:
+        missed = _missed(view, mem)
+        mem = replace(mem, dirty=True, idle_since=None, attempts=0, next_try=None,
+                      held_failed=False, missed=mem.missed + missed)
+        if hold is None:
+            return Step(STATE_IN_USE, create, mem, missed)
+        return Step(STATE_IN_USE, (), mem, missed)
+    if mem.idle_since is None:
+        mem = replace(mem, idle_since=now)
+    if not mem.dirty:
+        return Step(STATE_CLEAN, (), mem)
+    if hold is None:
+        return Step(STATE_WAITING, create, mem)
+    if not (hold.bound and hold.running):
+        return Step(STATE_WAITING, (), mem)
+    if mem.held_failed:
+        return Step(STATE_FAILED, (), mem)
+    if mem.next_try is not None and now < mem.next_try:
+        return Step(STATE_RETRYING, (), mem)
+    return Step(STATE_CLEANING, (RunSuite(mem.attempts + 1),), mem)
+
+
+def after_suite(mem: Memory, verdict: Verdict, now: datetime, *, retry_after_s: float) -> Step:
+    """What a finished suite run means: a pass releases the node; a fail keeps it held for
+    remediation (the results are in the store like any bootstrap's); an unknown (a required
+    check could not run, or the budget ran out) is no pass: held, tried again later."""
+    if verdict is Verdict.HEALTHY:
+        mem = replace(mem, dirty=False, attempts=0, next_try=None, held_failed=False,
+                      last_clean=now)
+        return Step(STATE_CLEAN, (DeleteHold(RELEASED),), mem)
+    if verdict is Verdict.UNHEALTHY:
+        mem = replace(mem, attempts=0, next_try=None, held_failed=True)
+        return Step(STATE_FAILED, (), mem)
+    mem = replace(mem, attempts=mem.attempts + 1,
+                  next_try=now + timedelta(seconds=retry_after_s))
+    return Step(STATE_RETRYING, (), mem)

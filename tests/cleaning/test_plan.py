@@ -1,0 +1,130 @@
+"""The cleaner's decisions (gpu_monitor/cleaning/plan.py), table by table."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from gpu_monitor.cleaning import plan
+from gpu_monitor.cleaning.plan import (
+    CreateHold,
+    DeleteHold,
+    Hold,
+    Memory,
+    NodeView,
+    RunSuite,
+    Workload,
+    after_suite,
+    step,
+)
+from gpu_monitor.model import Verdict
+
+T0 = datetime(2026, 12, 2, 12, 0, tzinfo=timezone.utc)
+JOB = Workload("team", "train-0", 8, T0 - timedelta(hours=1))
+PENDING = Hold("gpu-monitor-hold-n1", bound=False, running=False, deleting=False)
+BOUND = Hold("gpu-monitor-hold-n1", bound=True, running=True, deleting=False)
+GOING = Hold("gpu-monitor-hold-n1", bound=True, running=True, deleting=True)
+
+
+def view(*workloads: Workload, hold: Hold | None = None, quarantined: bool = False) -> NodeView:
+    return NodeView(tuple(workloads), hold, quarantined)
+
+
+@pytest.mark.parametrize(("node", "mem", "state", "actions"), [
+    # a workload holds the GPUs: the hold is created behind it, and only once
+    (view(JOB), Memory(), plan.STATE_IN_USE, (CreateHold(),)),
+    (view(JOB, hold=PENDING), Memory(), plan.STATE_IN_USE, ()),
+    # the last GPU pod left; the scheduler has not bound the hold yet
+    (view(hold=PENDING), Memory(), plan.STATE_WAITING, ()),
+    # a node idle and dirty with no hold (a restart, a workload shorter than a poll)
+    (view(), Memory(), plan.STATE_WAITING, (CreateHold(),)),
+    # bound and admitted: the suite runs
+    (view(hold=BOUND), Memory(), plan.STATE_CLEANING, (RunSuite(1),)),
+    # bound but not yet Running (the kubelet has not admitted it): no suite yet
+    (view(hold=Hold("h", bound=True, running=False, deleting=False)), Memory(),
+     plan.STATE_WAITING, ()),
+    # passed since the last workload: nothing held, nothing created
+    (view(), Memory(dirty=False), plan.STATE_CLEAN, ()),
+    # a failed run keeps the node held until quarantine takes it; no rerun
+    (view(hold=BOUND), Memory(held_failed=True), plan.STATE_FAILED, ()),
+    # an unknown run is tried again, not before its time
+    (view(hold=BOUND), Memory(attempts=1, next_try=T0 + timedelta(seconds=1)),
+     plan.STATE_RETRYING, ()),
+    (view(hold=BOUND), Memory(attempts=1, next_try=T0), plan.STATE_CLEANING, (RunSuite(2),)),
+    # quarantined: skipped, and a hold we hold is given back
+    (view(hold=BOUND, quarantined=True), Memory(), plan.STATE_QUARANTINED,
+     (DeleteHold(plan.QUARANTINED),)),
+    (view(JOB, quarantined=True), Memory(), plan.STATE_QUARANTINED, ()),
+    # a hold being deleted is left to finish: never counted as held, never doubled
+    (view(hold=GOING), Memory(), plan.STATE_WAITING, ()),
+    (view(JOB, hold=GOING), Memory(), plan.STATE_IN_USE, ()),
+    (view(hold=GOING, quarantined=True), Memory(), plan.STATE_QUARANTINED, ()),
+    # refused by the kubelet (a workload was admitted first): deleted, made anew next step
+    (view(JOB, hold=Hold("h", bound=True, running=False, deleting=False, refused=True)),
+     Memory(), plan.STATE_IN_USE, (DeleteHold(plan.REFUSED),)),
+])
+def test_step(node: NodeView, mem: Memory, state: str, actions: tuple) -> None:
+    got = step(node, mem, T0)
+    assert (got.state, got.actions) == (state, actions)
+
+
+def test_the_suite_never_runs_beside_a_workload() -> None:
+    # Capacity should make this impossible (the hold asks for every GPU); if the API shows
+    # both, the workload wins and the suite waits.
+    got = step(view(JOB, hold=BOUND), Memory(), T0)
+    assert not any(isinstance(a, RunSuite) for a in got.actions)
+
+
+def test_a_pass_releases_and_the_node_stays_clean_until_the_next_workload() -> None:
+    mem = step(view(hold=BOUND), Memory(), T0).memory
+    done = after_suite(mem, Verdict.HEALTHY, T0, retry_after_s=60)
+    assert done.actions == (DeleteHold(plan.RELEASED),)
+    assert (done.memory.dirty, done.memory.last_clean) == (False, T0)
+    # released and idle: no new hold (it would bind at once and clean again, forever)
+    assert step(view(), done.memory, T0 + timedelta(hours=5)).actions == ()
+    # the next workload makes it dirty and puts the hold behind it again
+    later = Workload("team", "train-1", 8, T0 + timedelta(hours=6))
+    got = step(view(later), done.memory, T0 + timedelta(hours=6))
+    assert (got.actions, got.memory.dirty) == ((CreateHold(),), True)
+
+
+def test_an_unknown_is_no_pass_and_is_retried_after_the_wait() -> None:
+    mem = after_suite(Memory(), Verdict.UNKNOWN, T0, retry_after_s=600).memory
+    assert (mem.dirty, mem.attempts, mem.next_try) == (True, 1, T0 + timedelta(seconds=600))
+    assert step(view(hold=BOUND), mem, T0 + timedelta(seconds=599)).actions == ()
+    assert step(view(hold=BOUND), mem, T0 + timedelta(seconds=600)).actions == (RunSuite(2),)
+
+
+def test_a_fail_holds_until_quarantine_then_the_retest_is_the_cleaning() -> None:
+    mem = after_suite(Memory(), Verdict.UNHEALTHY, T0, retry_after_s=60).memory
+    assert step(view(hold=BOUND), mem, T0).state == plan.STATE_FAILED
+    q = step(view(hold=BOUND, quarantined=True), mem, T0)
+    assert q.actions == (DeleteHold(plan.QUARANTINED),)
+    # returned to service (after a passed retest): clean, not held again, not failed
+    back = step(view(), q.memory, T0 + timedelta(hours=1))
+    assert (back.state, back.actions) == (plan.STATE_CLEAN, ())
+
+
+def test_a_workload_that_started_on_an_uncleaned_node_is_counted_as_missed() -> None:
+    idle = step(view(hold=PENDING), Memory(), T0)  # seen idle at T0, still dirty
+    slipped = Workload("team", "train-2", 8, T0 + timedelta(seconds=2))
+    got = step(view(slipped, hold=PENDING), idle.memory, T0 + timedelta(seconds=3))
+    assert (got.missed_now, got.memory.missed) == (1, 1)
+    # the same workload seen again is not counted twice (idle_since is cleared)
+    again = step(view(slipped, hold=PENDING), got.memory, T0 + timedelta(seconds=9))
+    assert (again.missed_now, again.memory.missed) == (0, 1)
+    # a workload that started before the idle moment (seen late) is no miss
+    old = step(view(JOB, hold=PENDING), idle.memory, T0 + timedelta(seconds=3))
+    assert old.missed_now == 0
+    # nor one that starts on a node cleaned since
+    clean = after_suite(idle.memory, Verdict.HEALTHY, T0 + timedelta(seconds=1),
+                        retry_after_s=60).memory
+    assert step(view(slipped), clean, T0 + timedelta(seconds=3)).missed_now == 0
+
+
+def test_memory_round_trips_through_json() -> None:
+    mem = Memory(dirty=False, idle_since=T0, attempts=2, next_try=T0 + timedelta(seconds=5),
+                 held_failed=True, last_clean=T0 - timedelta(days=1), missed=3)
+    assert Memory.from_json(mem.to_json()) == mem
+    assert Memory.from_json({}) == Memory()
