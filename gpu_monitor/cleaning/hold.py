@@ -16,11 +16,18 @@ from datetime import datetime
 from typing import Any
 
 from gpu_monitor.cleaning.plan import Hold, NodeView, Workload
-from gpu_monitor.fabric.idle import GPU_RESOURCE, HOSTNAME_LABEL, pod_gpu_request, pod_holds_gpus
+from gpu_monitor.fabric.idle import (
+    GPU_RESOURCE,
+    HOSTNAME_LABEL,
+    LABEL_COMPONENT,
+    LABEL_MANAGED_BY,
+    PREFIX,
+    pod_gpu_request,
+    pod_holds_gpus,
+)
+from gpu_monitor.model import parse_iso
 
-LABEL_COMPONENT = "app.kubernetes.io/component"
-LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
-LABEL_NODE = "gpu-monitor.io/node"
+LABEL_NODE = PREFIX + "node"
 COMPONENT = "cleaning-hold"
 MANAGER = "gpu-monitor-cleaner"
 PRIORITY_CLASS = "gpu-monitor-cleaning"
@@ -87,10 +94,11 @@ def is_hold(pod: Mapping[str, Any]) -> bool:
 
 
 def _time(value: Any) -> datetime | None:
+    """An RFC 3339 time from the API server; None when absent or not one (never a crash)."""
     if not isinstance(value, str) or not value:
         return None
     try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+        return parse_iso(value)
     except ValueError:
         return None
 

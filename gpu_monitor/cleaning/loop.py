@@ -69,8 +69,16 @@ class Cleaner:
     # --- memory ------------------------------------------------------------------------------
 
     def memory(self) -> plan.Memory:
+        """The stored memory; a fresh one (dirty: the safe side) when none is stored or the
+        stored one cannot be read."""
         data = self.store.get_kv(KV_NAMESPACE, KV_KEY)
-        return plan.Memory.from_json(data) if isinstance(data, dict) else plan.Memory()
+        if not isinstance(data, dict):
+            return plan.Memory()
+        try:
+            return plan.Memory.from_json(data)
+        except (TypeError, ValueError) as exc:
+            log.warning("cleaning: the stored memory cannot be read (%s); starting dirty", exc)
+            return plan.Memory()
 
     def _keep(self, mem: plan.Memory) -> None:
         self.store.set_kv(KV_NAMESPACE, KV_KEY, mem.to_json())

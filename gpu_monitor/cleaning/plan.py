@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from gpu_monitor.model import Verdict
+from gpu_monitor.model import Verdict, iso, parse_iso
 
 #: Why the hold is deleted (an Event's reason and the metric label say these words).
 RELEASED = "Passed"
@@ -77,7 +77,7 @@ class Memory:
 
     def to_json(self) -> dict:
         def t(v: datetime | None) -> str | None:
-            return v.isoformat() if v else None
+            return iso(v) if v else None
         return {"dirty": self.dirty, "idle_since": t(self.idle_since),
                 "attempts": self.attempts, "next_try": t(self.next_try),
                 "held_failed": self.held_failed, "last_clean": t(self.last_clean),
@@ -86,7 +86,7 @@ class Memory:
     @classmethod
     def from_json(cls, data: dict) -> Memory:
         def t(v: object) -> datetime | None:
-            return datetime.fromisoformat(v) if isinstance(v, str) else None
+            return parse_iso(v) if isinstance(v, str) else None
         return cls(dirty=bool(data.get("dirty", True)), idle_since=t(data.get("idle_since")),
                    attempts=int(data.get("attempts") or 0), next_try=t(data.get("next_try")),
                    held_failed=bool(data.get("held_failed")), last_clean=t(data.get("last_clean")),

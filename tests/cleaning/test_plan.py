@@ -128,3 +128,19 @@ def test_memory_round_trips_through_json() -> None:
                  held_failed=True, last_clean=T0 - timedelta(days=1), missed=3)
     assert Memory.from_json(mem.to_json()) == mem
     assert Memory.from_json({}) == Memory()
+
+
+def test_an_unreadable_stored_memory_starts_dirty_instead_of_crashing(tmp_path) -> None:
+    from gpu_monitor.cleaning.loop import KV_KEY, KV_NAMESPACE, Cleaner
+    from gpu_monitor.state import Store
+
+    store = Store.open(str(tmp_path / "state.db"))
+    try:
+        store.set_kv(KV_NAMESPACE, KV_KEY, {"dirty": False, "idle_since": "not a time"})
+        c = Cleaner(None, "n1", store, run_suite=lambda *_: Verdict.HEALTHY,
+                    quarantined=lambda: False)
+        assert c.memory() == Memory()
+        store.set_kv(KV_NAMESPACE, KV_KEY, {"dirty": False, "attempts": "many"})
+        assert c.memory() == Memory()
+    finally:
+        store.close()
