@@ -71,6 +71,16 @@ class Suite:
         return self.verdict
 
 
+def tick_through_a_run(c: Cleaner, suite: Suite) -> None:
+    """One tick that runs the suite, let through once it has started."""
+    t = threading.Thread(target=c.tick)
+    t.start()
+    assert suite.started.wait(60)
+    suite.release.set()
+    t.join(60)
+    assert not t.is_alive()
+
+
 def cleaner(kube, store, suite: Suite, *, quarantined: Callable[[], bool] = lambda: False,
             retry_after_s: float = 900.0) -> Cleaner:
     return Cleaner(kube, NODE, store, run_suite=suite, quarantined=quarantined,
@@ -96,7 +106,7 @@ def test_the_hold_binds_first_and_workloads_arriving_during_the_suite_wait(
     result: list[plan.Step | None] = []
     t = threading.Thread(target=lambda: result.append(c.tick()))
     t.start()
-    assert suite.started.wait(30)
+    assert suite.started.wait(60)
     # Pods arrive while the suite runs: one of the same priority, one small, one higher.
     workload(kube, "train-2")
     workload(kube, "small", gpus=1)
@@ -105,7 +115,7 @@ def test_the_hold_binds_first_and_workloads_arriving_during_the_suite_wait(
     for name in ("train-1", "train-2", "small", "urgent"):
         assert node_of(fake_api, "team", name) is None, f"{name} bound during the suite"
     suite.release.set()
-    t.join(30)
+    t.join(60)
     assert result[0] is not None and result[0].state == plan.STATE_CLEAN
     assert suite.held_throughout == [True]
     # Released: the hold is gone and the waiting workload gets the node.
@@ -146,11 +156,7 @@ def test_a_fail_keeps_the_node_held_until_quarantine_and_the_memory_survives_a_r
     c.tick()  # a fresh node is dirty: hold
     wait_for(lambda: running(fake_api, "gpu-monitor", hold_name(NODE)), "the hold running")
     workload(kube, "train-0")
-    t = threading.Thread(target=c.tick)
-    t.start()
-    assert suite.started.wait(30)
-    suite.release.set()
-    t.join(30)
+    tick_through_a_run(c, suite)
     assert c.counts.state == plan.STATE_FAILED
     # A restarted daemon remembers: no rerun, still held, the workload still waits.
     c2 = cleaner(kube, store, suite, quarantined=quarantined.is_set)
@@ -170,19 +176,11 @@ def test_an_unknown_suite_is_no_pass_the_node_stays_held_and_it_is_retried(
     c.tick()
     wait_for(lambda: running(fake_api, "gpu-monitor", hold_name(NODE)), "the hold running")
     for attempt in (1, 2):
-        t = threading.Thread(target=c.tick)
-        t.start()
-        assert suite.started.wait(30)
-        suite.release.set()
-        t.join(30)
+        tick_through_a_run(c, suite)
         assert (c.counts.state, c.memory().attempts) == (plan.STATE_RETRYING, attempt)
         assert running(fake_api, "gpu-monitor", hold_name(NODE))
     suite.verdict = Verdict.HEALTHY
-    t = threading.Thread(target=c.tick)
-    t.start()
-    assert suite.started.wait(30)
-    suite.release.set()
-    t.join(30)
+    tick_through_a_run(c, suite)
     assert c.counts.state == plan.STATE_CLEAN
     wait_for(lambda: fake_api.pod("gpu-monitor", hold_name(NODE)) is None, "the hold deleted")
 
