@@ -218,6 +218,20 @@ class FailfastConfig:
 
 
 @dataclass(frozen=True)
+class CleaningConfig:
+    """The check between workloads: hold the node when its last GPU pod leaves, run the active
+    suite, release it on a pass (docs/cleaning.md). Off by default."""
+
+    enabled: bool = False
+    budget_s: float = 1800.0  # one run of the suite; checked between checks
+    retry_after_s: float = 900.0  # after an unknown or a failed run, the next try
+    interval_s: float = 5.0  # the loop's pass: bounds the window before the hold is queued
+    hold_image: str = "registry.k8s.io/pause:3.10"
+    priority_class: str = "gpu-monitor-cleaning"
+    namespace: str | None = None  # the hold's namespace; None: $POD_NAMESPACE, else gpu-monitor
+
+
+@dataclass(frozen=True)
 class Config:
     """One validated configuration. ``DEFAULT_CONFIG`` is the no-file value."""
 
@@ -236,6 +250,7 @@ class Config:
     nccl: NcclConfig = field(default_factory=NcclConfig)
     workloads: WorkloadsConfig = field(default_factory=WorkloadsConfig)
     failfast: FailfastConfig = field(default_factory=FailfastConfig)
+    cleaning: CleaningConfig = field(default_factory=CleaningConfig)
     source: str | None = field(default=None, compare=False)
 
     # --- checks ---------------------------------------------------------------------------
@@ -380,6 +395,11 @@ _RESOURCE_NAME = Str(pattern=r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/"
                      what="an extended resource name such as 'nvidia.com/gpu'")
 
 
+# A Kubernetes object name (DNS subdomain): a namespace, a PriorityClass.
+_K8S_NAME = Str(pattern=r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?",
+                what="a Kubernetes object name such as 'gpu-monitor'")
+
+
 # A Slurm partition or GRES name: no spaces, commas or '=' (they separate scontrol's fields).
 _SLURM_NAME = Str(pattern=r"[A-Za-z0-9_.-]+", what="a Slurm name such as 'gpu'")
 
@@ -462,6 +482,15 @@ def config_schema() -> Map:
             "max_age_s": SECONDS0,
             "delete_grace_s": SECONDS0,
         }),
+        "cleaning": Map({
+            "enabled": Bool(),
+            "budget_s": SECONDS,
+            "retry_after_s": SECONDS,
+            "interval_s": SECONDS,
+            "hold_image": Str(what="a container image reference", pattern=r"\S+"),
+            "priority_class": _K8S_NAME,
+            "namespace": Nullable(_K8S_NAME),
+        }),
     }, doc="a mapping")
 
 
@@ -506,6 +535,11 @@ def _cross_checks(data: Mapping[str, Any]) -> list[tuple[str, str]]:
         if action in seen:
             problems.append((f"failfast.actions[{i}]", f"{action!r} is listed twice"))
         seen.add(action)
+    cleaning = data.get("cleaning") or {}
+    backend = (data.get("daemon") or {}).get("backend", DaemonConfig.backend)
+    if cleaning.get("enabled") and backend == "slurm":
+        problems.append(("cleaning.enabled", "true, but daemon.backend is slurm: the hold that "
+                         "keeps new work off the node is a Kubernetes pod"))
     return problems
 
 
@@ -551,14 +585,16 @@ def parse_config(data: Any, source: str | None = None,
     values["remediation"] = remediation
     remediation_nested = {"breaker": BreakerConfig, "drain": DrainConfig, "slurm": SlurmConfig}
     config = Config(**{k: v for k, v in values.items()
-                       if k not in ("daemon", "remediation", "nccl", "workloads", "failfast")})
+                       if k not in ("daemon", "remediation", "nccl", "workloads", "failfast",
+                                     "cleaning")})
     return replace(config,
                    daemon=_build(DaemonConfig, values.get("daemon") or {}),
                    remediation=_build(RemediationConfig, values.get("remediation") or {},
                                       remediation_nested),
                    nccl=_build(NcclConfig, values.get("nccl") or {}),
                    workloads=_build(WorkloadsConfig, workloads),
-                   failfast=_build(FailfastConfig, failfast))
+                   failfast=_build(FailfastConfig, failfast),
+                   cleaning=_build(CleaningConfig, values.get("cleaning") or {}))
 
 
 def load_config(path: str | os.PathLike[str] | None = None,

@@ -36,6 +36,8 @@ from datetime import timedelta
 from prometheus_client import CollectorRegistry
 
 from gpu_monitor.check import Check, Context
+from gpu_monitor.cleaning.metrics import cleaning_collector
+from gpu_monitor.cleaning.service import from_env, refuse_without_runtime
 from gpu_monitor.daemon_kmsg import KV_FILE_POS, KmsgFollower
 from gpu_monitor.exporter import Exporter
 from gpu_monitor.failfast.metrics import failfast_collector
@@ -127,7 +129,9 @@ class Daemon:
 
     # --- results ---------------------------------------------------------------------------------
 
-    def _store(self, outcome: RunOutcome) -> None:
+    def store_outcome(self, outcome: RunOutcome) -> None:
+        """Store an outcome, then hand it to fail-fast and remediation (polls, and the
+        cleaner's suite runs)."""
         if self._record(outcome):
             self._consume(outcome)
 
@@ -201,7 +205,7 @@ class Daemon:
         outcomes = []
         for check in self.checks:
             outcome = run_check(check, self.ctx, method="run")
-            self._store(outcome)
+            self.store_outcome(outcome)
             outcomes.append(outcome)
         return outcomes
 
@@ -209,7 +213,7 @@ class Daemon:
 
     def _poll(self, check: Check) -> RunOutcome:
         outcome = run_check(check, self.ctx, method="poll")
-        self._store(outcome)
+        self.store_outcome(outcome)
         self._take_wake_request(check)
         return outcome
 
@@ -505,6 +509,25 @@ def _bootstrap_gate_thread(env, daemon: Daemon, remediator,
     return thread
 
 
+def _without_log_scan(checks: Sequence[Check]) -> list[Check]:
+    """The daemon's own suites (the retest after a reset, the cleaning between workloads)
+    leave out the kernel-log scan: its one-shot run reports every Xid of this boot again, the
+    one already acted on included; the passive xid check follows the log and holds those open."""
+    return [c for c in checks if c.name != "xid"]
+
+
+def make_cleaning(env, daemon: Daemon, kube_factory=None):
+    """The check between workloads of ``cleaning.*`` (None when off), not started; its suite
+    runs' outcomes are stored and handed on like a poll's (``Daemon.store_outcome``)."""
+    if not env.config.cleaning.enabled:
+        return None
+    checks, disabled = bootstrap_suite(env.config, kinds={Kind.BOOTSTRAP})
+    return from_env(env, (_without_log_scan(checks), disabled),
+                    record=daemon.store_outcome, stop=daemon.stop_event,
+                    kube=_kube_maker(env, kube_factory),
+                    runtime_missing=lambda: active_runtime_missing(env))
+
+
 def run_once(env, checks: Sequence[Check], force: bool = False) -> Report:
     """``daemon --once``: every check once, one-shot semantics, stored; the report."""
     ctx = env.context(force=force, one_shot=True)
@@ -526,6 +549,7 @@ def run_daemon(env, checks: Sequence[Check], *, listen: str, force: bool = False
     ``kube_factory`` makes the API client (None: in-cluster config, else $KUBECONFIG); the
     CLI has checked its flags. A listen address that cannot be bound is a ``UsageError``.
     """
+    refuse_without_runtime(env.config.cleaning, lambda: active_runtime_missing(env))
     ctx = env.context(force=force, one_shot=False)
     env.host.start(env.clock)
     remediator = None
@@ -537,16 +561,16 @@ def run_daemon(env, checks: Sequence[Check], *, listen: str, force: bool = False
         extra.append(workload_collector(attribution))
         holders = lambda target: holder_note(attribution.current(), target)  # noqa: E731
     if env.config.remediation.enabled:
-        # The retest after a GPU reset is the bootstrap suite minus the kernel-log scan (its
-        # one-shot run would re-report the Xid that caused the quarantine).
-        retest_checks = [c for c in select_checks(env.config, kinds={Kind.BOOTSTRAP})
-                         if c.name != "xid"]
+        retest_checks = _without_log_scan(select_checks(env.config, kinds={Kind.BOOTSTRAP}))
         remediator = build_remediator(env, retest_checks, kube_factory, holders)
         extra.append(remediation_collector(env.store))
     failfast = make_failfast(env, attribution, kube_factory)
     if failfast is not None:
         extra.append(failfast_collector(env.store, failfast.actions))
     daemon = Daemon(checks, ctx, remediator=remediator, failfast=failfast)
+    cleaning = make_cleaning(env, daemon, kube_factory)
+    if cleaning is not None:
+        extra.append(cleaning_collector(cleaning.cleaner, cleaning.suite))
     registry = build_registry(daemon, env.store, [type(c) for c in checks], env.clock,
                               extra=extra)
     exporter = Exporter(registry, daemon.health, ready=daemon.replayed.is_set)
@@ -562,6 +586,8 @@ def run_daemon(env, checks: Sequence[Check], *, listen: str, force: bool = False
              "off" if remediator is None else
              ("dry-run" if env.config.remediation.dry_run else "on"))
     _bootstrap_gate_thread(env, daemon, remediator, kube_factory)
+    if cleaning is not None:
+        cleaning.start()
     try:
         daemon.run()
     finally:

@@ -86,6 +86,7 @@ SCRAPING = (
 
 
 def metrics_md() -> str:
+    from gpu_monitor.cleaning.metrics import CLEANING_METRICS
     from gpu_monitor.failfast.metrics import FAILFAST_METRICS
     from gpu_monitor.metrics import documented_metrics
     from gpu_monitor.remediate.metrics import REMEDIATION_METRICS
@@ -98,7 +99,7 @@ def metrics_md() -> str:
              SCRAPING,
              "| metric | type | labels | meaning |\n", "|---|---|---|---|\n"]
     for m in [*documented_metrics(), *REMEDIATION_METRICS, *WORKLOAD_METRICS,
-              *FAILFAST_METRICS]:
+              *FAILFAST_METRICS, *CLEANING_METRICS]:
         lines.append(f"| `{m.name}` | {m.type} | {', '.join(f'`{x}`' for x in m.labels) or '-'}"
                      f" | {m.help} |\n")
     lines.extend(_metrics_conventions())

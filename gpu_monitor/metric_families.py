@@ -42,7 +42,8 @@ LABELS: Mapping[str, str] = {
     "status": "a result's status: ok, degraded, failed, unknown, skipped",
     "reason": "a result's CamelCase reason token (never an NVML clock event reason)",
     "state": "one state of a state set (a port's, the node's, the breaker's, the bootstrap "
-             "gate's)",
+             "gate's, the cleaner's)",
+    "verdict": "a suite run's verdict: healthy, unhealthy, unknown",
     "gpu": "the GPU's NVML index; empty on a PCI function that is not a GPU",
     "uuid": "the GPU's UUID (survives re-enumeration); empty where `gpu` is",
     "pci_bus_id": "a PCI function's address, `0000:19:00.0` (GPU, NVSwitch or NIC)",

@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from gpu_monitor.cleaning.plan import Hold, NodeView, Workload
+from gpu_monitor.config import CleaningConfig
 from gpu_monitor.fabric.idle import (
     GPU_RESOURCE,
     HOSTNAME_LABEL,
@@ -30,8 +31,8 @@ from gpu_monitor.model import parse_iso
 LABEL_NODE = PREFIX + "node"
 COMPONENT = "cleaning-hold"
 MANAGER = "gpu-monitor-cleaner"
-PRIORITY_CLASS = "gpu-monitor-cleaning"
-PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
+PRIORITY_CLASS = CleaningConfig.priority_class  # the defaults of cleaning.*, in one place
+PAUSE_IMAGE = CleaningConfig.hold_image
 
 
 @dataclass(frozen=True)

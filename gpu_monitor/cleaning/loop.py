@@ -50,12 +50,12 @@ class Counts:
 
 
 class Cleaner:
-    def __init__(self, api: Any, node: str, store: Memories, *,
+    def __init__(self, kube: Callable[[], Any], node: str, store: Memories, *,
                  run_suite: Callable[[float, Callable[[], bool]], Verdict],
                  quarantined: Callable[[], bool], spec: HoldSpec | None = None,
                  budget_s: float = 1800.0, retry_after_s: float = 900.0,
                  clock: Clock | None = None) -> None:
-        self.api = api
+        self.kube = kube  # the API client (gpu_monitor.kube.Kube), made on first use
         self.node = node
         self.store = store
         self.run_suite = run_suite
@@ -83,6 +83,10 @@ class Cleaner:
     def _keep(self, mem: plan.Memory) -> None:
         self.store.set_kv(KV_NAMESPACE, KV_KEY, mem.to_json())
 
+    @property
+    def api(self) -> Any:
+        return self.kube()
+
     # --- reading -----------------------------------------------------------------------------
 
     def _hold(self) -> dict | None:
@@ -105,14 +109,21 @@ class Cleaner:
     # --- one pass ----------------------------------------------------------------------------
 
     def tick(self) -> plan.Step | None:
-        """One pass. An API error is counted and logged; the memory is left as it was."""
+        """One pass. An API error (or no API client to be had) is counted and logged; the
+        memory is left as it was, and the next pass tries again. Never raises."""
         try:
             return self._tick()
         except KubeError as err:
-            self.counts.errors += 1
-            self.counts.last_error = str(err)[:300]
+            self._error(str(err))
             log.warning("cleaning: %s", err)
-            return None
+        except Exception as exc:  # noqa: BLE001 - the loop outlives any one pass
+            self._error(f"{type(exc).__name__}: {exc}")
+            log.exception("cleaning: the pass on %s failed", self.node)
+        return None
+
+    def _error(self, text: str) -> None:
+        self.counts.errors += 1
+        self.counts.last_error = text[:300]
 
     def _tick(self) -> plan.Step:
         mem = self.memory()

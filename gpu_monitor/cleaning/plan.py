@@ -31,7 +31,7 @@ STATE_IN_USE = "in_use"          # a workload holds the GPUs; the hold waits beh
 STATE_WAITING = "waiting"        # no workload, the hold is not bound yet
 STATE_CLEANING = "cleaning"      # the hold is bound; the suite runs (or is due)
 STATE_RETRYING = "retrying"      # the suite could not give an answer; held, tried again later
-STATE_FAILED = "failed"          # the suite failed; held until remediation quarantines
+STATE_FAILED = "failed"          # the suite failed; held until quarantine, or a later pass
 STATE_CLEAN = "clean"            # passed since the last workload; not held
 STATE_QUARANTINED = "quarantined"
 
@@ -71,7 +71,7 @@ class Memory:
     idle_since: datetime | None = None  # when the node was last seen with no GPU workload
     attempts: int = 0                   # suite runs without an answer since the hold bound
     next_try: datetime | None = None    # after an unknown: not before this
-    held_failed: bool = False           # the last run failed: held until quarantine takes it
+    held_failed: bool = False           # the last run failed: held (quarantine or a pass ends it)
     last_clean: datetime | None = None
     missed: int = 0  # workloads that started on a node not cleaned since the one before
 
@@ -163,10 +163,8 @@ def step(view: NodeView, mem: Memory, now: datetime) -> Step:
         return Step(STATE_WAITING, create, mem)
     if not (hold.bound and hold.running):
         return Step(STATE_WAITING, (), mem)
-    if mem.held_failed:
-        return Step(STATE_FAILED, (), mem)
     if mem.next_try is not None and now < mem.next_try:
-        return Step(STATE_RETRYING, (), mem)
+        return Step(STATE_FAILED if mem.held_failed else STATE_RETRYING, (), mem)
     return Step(STATE_CLEANING, (RunSuite(mem.attempts + 1),), mem)
 
 
@@ -179,7 +177,11 @@ def after_suite(mem: Memory, verdict: Verdict, now: datetime, *, retry_after_s: 
                       last_clean=now)
         return Step(STATE_CLEAN, (DeleteHold(RELEASED),), mem)
     if verdict is Verdict.UNHEALTHY:
-        mem = replace(mem, attempts=0, next_try=None, held_failed=True)
+        # Remediation sees the failed results and quarantines (then the cleaner steps aside);
+        # without it (off, dry-run, a hysteresis not met) the node stays held and the suite is
+        # tried again: a pass, and only a pass, releases it.
+        mem = replace(mem, attempts=0, held_failed=True,
+                      next_try=now + timedelta(seconds=retry_after_s))
         return Step(STATE_FAILED, (), mem)
     mem = replace(mem, attempts=mem.attempts + 1,
                   next_try=now + timedelta(seconds=retry_after_s))

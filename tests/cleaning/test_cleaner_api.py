@@ -83,7 +83,7 @@ def tick_through_a_run(c: Cleaner, suite: Suite) -> None:
 
 def cleaner(kube, store, suite: Suite, *, quarantined: Callable[[], bool] = lambda: False,
             retry_after_s: float = 900.0) -> Cleaner:
-    return Cleaner(kube, NODE, store, run_suite=suite, quarantined=quarantined,
+    return Cleaner(lambda: kube, NODE, store, run_suite=suite, quarantined=quarantined,
                    retry_after_s=retry_after_s)
 
 
@@ -190,7 +190,7 @@ def test_a_crashing_suite_is_unknown_and_never_takes_the_loop_down(
     def boom(budget_s: float, still_held: Callable[[], bool]) -> Verdict:
         raise RuntimeError("worker exploded")
 
-    c = Cleaner(kube, NODE, store, run_suite=boom, quarantined=lambda: False)
+    c = Cleaner(lambda: kube, NODE, store, run_suite=boom, quarantined=lambda: False)
     c.tick()
     wait_for(lambda: running(fake_api, "gpu-monitor", hold_name(NODE)), "the hold running")
     step = c.tick()

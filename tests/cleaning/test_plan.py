@@ -46,8 +46,11 @@ def view(*workloads: Workload, hold: Hold | None = None, quarantined: bool = Fal
      plan.STATE_WAITING, ()),
     # passed since the last workload: nothing held, nothing created
     (view(), Memory(dirty=False), plan.STATE_CLEAN, ()),
-    # a failed run keeps the node held until quarantine takes it; no rerun
-    (view(hold=BOUND), Memory(held_failed=True), plan.STATE_FAILED, ()),
+    # a failed run keeps the node held; tried again after the wait (a pass alone releases)
+    (view(hold=BOUND), Memory(held_failed=True, next_try=T0 + timedelta(seconds=1)),
+     plan.STATE_FAILED, ()),
+    (view(hold=BOUND), Memory(held_failed=True, next_try=T0), plan.STATE_CLEANING,
+     (RunSuite(1),)),
     # an unknown run is tried again, not before its time
     (view(hold=BOUND), Memory(attempts=1, next_try=T0 + timedelta(seconds=1)),
      plan.STATE_RETRYING, ()),
@@ -99,6 +102,11 @@ def test_an_unknown_is_no_pass_and_is_retried_after_the_wait() -> None:
 def test_a_fail_holds_until_quarantine_then_the_retest_is_the_cleaning() -> None:
     mem = after_suite(Memory(), Verdict.UNHEALTHY, T0, retry_after_s=60).memory
     assert step(view(hold=BOUND), mem, T0).state == plan.STATE_FAILED
+    # not quarantined (remediation off, or its hysteresis not met): held, and tried again
+    rerun = step(view(hold=BOUND), mem, T0 + timedelta(seconds=60))
+    assert rerun.actions == (RunSuite(1),)
+    assert after_suite(rerun.memory, Verdict.UNHEALTHY, T0 + timedelta(seconds=61),
+                       retry_after_s=60).state == plan.STATE_FAILED
     q = step(view(hold=BOUND, quarantined=True), mem, T0)
     assert q.actions == (DeleteHold(plan.QUARANTINED),)
     # returned to service (after a passed retest): clean, not held again, not failed
@@ -137,7 +145,7 @@ def test_an_unreadable_stored_memory_starts_dirty_instead_of_crashing(tmp_path) 
     store = Store.open(str(tmp_path / "state.db"))
     try:
         store.set_kv(KV_NAMESPACE, KV_KEY, {"dirty": False, "idle_since": "not a time"})
-        c = Cleaner(None, "n1", store, run_suite=lambda *_: Verdict.HEALTHY,
+        c = Cleaner(lambda: None, "n1", store, run_suite=lambda *_: Verdict.HEALTHY,
                     quarantined=lambda: False)
         assert c.memory() == Memory()
         store.set_kv(KV_NAMESPACE, KV_KEY, {"dirty": False, "attempts": "many"})
