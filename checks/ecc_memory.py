@@ -73,36 +73,38 @@ SETTINGS = {
 #: (nvmlDeviceGetRowRemapperHistogram), most spare rows left first.
 REMAP_LEVELS = ("max", "high", "partial", "low", "none")
 
+
+def _by_error_type(name: str, help_text: str, prefix: str) -> CheckMetric:
+    """A counter labelled ``(gpu, uuid, type)``: ``type`` corrected from the details key
+    ``<prefix>_corrected``, uncorrected from ``<prefix>_uncorrected`` (the ECC and remapped-row
+    counts NVML keeps by error type)."""
+    keys = {"corrected": f"{prefix}_corrected", "uncorrected": f"{prefix}_uncorrected"}
+    return CheckMetric(name, "counter", ("gpu", "uuid", "type"), help_text,
+                       details=("uuid", *keys.values()), samples=gpu_values(keys))
+
+
 #: What an operator of dcgm-exporter graphs: its DCGM_FI_DEV_ECC_{SBE,DBE}_{VOL,AGG}_TOTAL,
 #: ROW_REMAP_PENDING / _FAILURE and {UN,}CORRECTABLE_REMAPPED_ROWS, under our names. The ECC
 #: counts are counters as dcgm-exporter's are: NVML only ever raises them, and a volatile count
 #: falling to 0 at a driver reload is a counter reset to rate() and increase(), as a restarted
 #: exporter's would be. A count NVML does not keep (ECC off, unsupported) has no sample.
 METRICS = (
-    CheckMetric("gpu_monitor_gpu_ecc_volatile_errors_total", "counter", ("gpu", "uuid", "type"),
-                "ECC errors since the driver loaded (NVML volatile counters; a driver reload "
-                "resets them), by type: corrected (single-bit), uncorrected (double-bit).",
-                details=("uuid", "volatile_corrected", "volatile_uncorrected"),
-                samples=gpu_values({"corrected": "volatile_corrected",
-                                    "uncorrected": "volatile_uncorrected"})),
-    CheckMetric("gpu_monitor_gpu_ecc_aggregate_errors_total", "counter", ("gpu", "uuid", "type"),
-                "ECC errors over the GPU's life (NVML aggregate counters, kept in the InfoROM "
-                "across reboots), by type: corrected, uncorrected.",
-                details=("uuid", "aggregate_corrected", "aggregate_uncorrected"),
-                samples=gpu_values({"corrected": "aggregate_corrected",
-                                    "uncorrected": "aggregate_uncorrected"})),
+    _by_error_type("gpu_monitor_gpu_ecc_volatile_errors_total",
+                   "ECC errors since the driver loaded (NVML volatile counters; a driver reload "
+                   "resets them), by type: corrected (single-bit), uncorrected (double-bit).",
+                   "volatile"),
+    _by_error_type("gpu_monitor_gpu_ecc_aggregate_errors_total",
+                   "ECC errors over the GPU's life (NVML aggregate counters, kept in the InfoROM "
+                   "across reboots), by type: corrected, uncorrected.", "aggregate"),
     CheckMetric("gpu_monitor_gpu_row_remap_pending", "gauge", ("gpu", "uuid"),
                 "1 while a row remap is pending (applied at the next GPU reset), else 0.",
                 details=("uuid", "remap_pending"), samples=gpu_value("remap_pending")),
     CheckMetric("gpu_monitor_gpu_row_remap_failure", "gauge", ("gpu", "uuid"),
                 "1 if a row remap failed (the memory can no longer be repaired), else 0.",
                 details=("uuid", "remap_failure"), samples=gpu_value("remap_failure")),
-    CheckMetric("gpu_monitor_gpu_remapped_rows_total", "counter", ("gpu", "uuid", "type"),
-                "Memory rows remapped over the GPU's life, by the error type that caused the "
-                "remap: corrected, uncorrected.",
-                details=("uuid", "remapped_rows_corrected", "remapped_rows_uncorrected"),
-                samples=gpu_values({"corrected": "remapped_rows_corrected",
-                                    "uncorrected": "remapped_rows_uncorrected"})),
+    _by_error_type("gpu_monitor_gpu_remapped_rows_total",
+                   "Memory rows remapped over the GPU's life, by the error type that caused the "
+                   "remap: corrected, uncorrected.", "remapped_rows"),
     CheckMetric("gpu_monitor_gpu_row_remap_banks", "gauge", ("gpu", "uuid", "level"),
                 "Memory banks per row-remapper availability level (spare rows left: max, high, "
                 "partial, low, none; NVML's row-remapper histogram).",

@@ -46,26 +46,36 @@ def _add_store_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", "-o", choices=("table", "json"), default="table")
 
 
+#: The exit codes every command that reads the store shares (the module docstring's).
+_STORE_EXITS = "Exit 0 shown, 1 state file missing or unusable, 2 bad flags or config."
+
+
+def _store_command(sub: Any, name: str, func: Any, help_text: str,
+                   description: str) -> argparse.ArgumentParser:
+    """A command that reads the daemon's store: its parser, with the store flags
+    (``_add_store_args``) and the exit codes such commands share after ``description``."""
+    p = sub.add_parser(name, help=help_text, description=f"{description} {_STORE_EXITS}")
+    _add_store_args(p)
+    p.set_defaults(func=func)
+    return p
+
+
 def register(sub: Any) -> None:
-    st = sub.add_parser(
-        "status", help="the node now, from the daemon's store: results, lifecycle, breaker, "
-                       "bootstrap gate, next remediation step (read-only)",
-        description="Read the daemon's state store (read-only, beside a running daemon) and "
-                    "show the node now. Exit 0 shown, 1 state file missing or unusable, "
-                    "2 bad flags or config.")
-    _add_store_args(st)
+    st = _store_command(
+        sub, "status", cmd_status,
+        "the node now, from the daemon's store: results, lifecycle, breaker, bootstrap gate, "
+        "next remediation step (read-only)",
+        "Read the daemon's state store (read-only, beside a running daemon) and show the node "
+        "now.")
     st.add_argument("--all", action="store_true", dest="every",
                     help="list every target's result in the table, not only the problems")
-    st.set_defaults(func=cmd_status)
 
-    hi = sub.add_parser(
-        "history", help="the results the daemon's store remembers, and their changes "
-                        "(read-only)",
-        description="Read the daemon's state store (read-only) and list what changed: the "
-                    "first result of each check and target in the window, then every change "
-                    "of status or reason, with the lifecycle changes and remediation steps. "
-                    "Exit 0 shown, 1 state file missing or unusable, 2 bad flags or config.")
-    _add_store_args(hi)
+    hi = _store_command(
+        sub, "history", cmd_history,
+        "the results the daemon's store remembers, and their changes (read-only)",
+        "Read the daemon's state store (read-only) and list what changed: the first result of "
+        "each check and target in the window, then every change of status or reason, with the "
+        "lifecycle changes and remediation steps.")
     hi.add_argument("--check", metavar="C", help="only this check's results")
     hi.add_argument("--target", metavar="T", help="only this target's results (gpu:3, ...)")
     hi.add_argument("--since", metavar="WHEN", default="1h",
@@ -75,7 +85,6 @@ def register(sub: Any) -> None:
                     help="every stored result, not only the changes")
     hi.add_argument("--limit", type=int, default=500, metavar="N",
                     help="show at most the newest N results (default 500)")
-    hi.set_defaults(func=cmd_history)
 
     ex = sub.add_parser(
         "explain", help="what a reason means, how sure it is and what to do (the runbook's "

@@ -25,9 +25,17 @@ USERNAME = f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
 NODE_CLAIM = "authentication.kubernetes.io/node-name"
 
 
+POLICY = "gpu-monitor-own-node"
+
+
+def own_node_policy(name: str) -> dict[str, Any]:
+    """The ValidatingAdmissionPolicy ``name`` of the own-node-admission component (the Node
+    policy here, the pod policy in test_admission_policy_pods.py)."""
+    return find(component_objects("own-node-admission"), "ValidatingAdmissionPolicy", name)
+
+
 def _policy() -> dict[str, Any]:
-    return find(component_objects("own-node-admission"), "ValidatingAdmissionPolicy",
-                "gpu-monitor-own-node")
+    return own_node_policy(POLICY)
 
 
 # --- structure (no CEL needed) -----------------------------------------------------------------
@@ -106,9 +114,18 @@ class Admission:
         return True, "admitted"
 
 
-@pytest.fixture(scope="module")
-def admission() -> Admission:
-    return Admission(_policy())
+def admission_fixture(policy: str):
+    """A module-scoped ``admission`` fixture: the :class:`Admission` of the own-node policy
+    ``policy`` (``admission = admission_fixture(POLICY)`` in a test module)."""
+
+    @pytest.fixture(scope="module")
+    def admission() -> Admission:
+        return Admission(own_node_policy(policy))
+
+    return admission
+
+
+admission = admission_fixture(POLICY)
 
 
 def node(name: str = "gpu-node-1") -> dict[str, Any]:

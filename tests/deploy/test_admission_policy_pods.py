@@ -11,18 +11,21 @@ import pytest
 
 from gpu_monitor.failfast.pods import CONDITION_TYPE
 from tests.deploy.deploy_helpers import component_objects, find
-from tests.deploy.test_admission_policy import NODE_CLAIM, USERNAME, Admission
+from tests.deploy.test_admission_policy import (
+    NODE_CLAIM,
+    USERNAME,
+    admission_fixture,
+    own_node_policy,
+)
 
 POLICY = "gpu-monitor-own-node-pods"
 
 
 def _policy() -> dict[str, Any]:
-    return find(component_objects("own-node-admission"), "ValidatingAdmissionPolicy", POLICY)
+    return own_node_policy(POLICY)
 
 
-@pytest.fixture(scope="module")
-def admission() -> Admission:
-    return Admission(_policy())
+admission = admission_fixture(POLICY)
 
 
 def pod(node: str = "gpu-node-1") -> dict[str, Any]:

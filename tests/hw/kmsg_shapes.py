@@ -61,12 +61,14 @@ def _decode_iso(s: Stamp, msg: str) -> str:
     return f"kern  :warn  : {_dmesg_iso(s, msg)}"
 
 
-def _journal(s: Stamp, msg: str) -> str:
-    return f"{s.date}T{s.time}{s.offset.replace(':', '')} {HOST} kernel: {msg}"
+def _journal(s: Stamp, msg: str, fraction: str = "") -> str:
+    """``journalctl -o short-iso``: the offset without its colon, the host, ``kernel:``."""
+    return f"{s.date}T{s.time}{fraction}{s.offset.replace(':', '')} {HOST} kernel: {msg}"
 
 
 def _journal_precise(s: Stamp, msg: str) -> str:
-    return f"{s.date}T{s.time}.123456{s.offset.replace(':', '')} {HOST} kernel: {msg}"
+    """``journalctl -o short-iso-precise``: short-iso with microseconds."""
+    return _journal(s, msg, ".123456")
 
 
 # name -> (render(stamp, message) -> line or None when the format cannot print the stamp,
