@@ -19,7 +19,6 @@ from gpu_monitor.cleaning.plan import Hold, NodeView, Workload
 from gpu_monitor.config import CleaningConfig
 from gpu_monitor.fabric.idle import (
     GPU_RESOURCE,
-    HOSTNAME_LABEL,
     LABEL_COMPONENT,
     LABEL_MANAGED_BY,
     PREFIX,
@@ -29,10 +28,17 @@ from gpu_monitor.fabric.idle import (
 from gpu_monitor.model import parse_iso
 
 LABEL_NODE = PREFIX + "node"
+NODE_NAME_FIELD = "metadata.name"
 COMPONENT = "cleaning-hold"
 MANAGER = "gpu-monitor-cleaner"
 PRIORITY_CLASS = CleaningConfig.priority_class  # the defaults of cleaning.*, in one place
 PAUSE_IMAGE = CleaningConfig.hold_image
+
+
+#: What the cleaner asks of the API server beyond the base's reads (pods get/list, nodes get):
+#: (apiGroup, resource, verbs), granted in the hold's namespace only by
+#: daemonset/components/cleaning (tests/deploy/test_rbac.py holds them equal).
+RBAC_RULES = (("", "pods", ("create", "delete")),)
 
 
 @dataclass(frozen=True)
@@ -68,12 +74,13 @@ def build_hold_pod(node: str, gpus: int, spec: HoldSpec) -> dict[str, Any]:
             "automountServiceAccountToken": False,
             "terminationGracePeriodSeconds": 0,
             "enableServiceLinks": False,
+            # By the Node's name (matchFields metadata.name, as the DaemonSet controller pins
+            # its pods), not its kubernetes.io/hostname label: the two differ on some clouds.
             "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [{"matchExpressions": [
-                    {"key": HOSTNAME_LABEL, "operator": "In", "values": [node]}]}]}}},
-            # The node's GPU taint and gpu-monitor's own: the hold must land wherever the
-            # suite has to run. Nothing else: a cordoned or otherwise tainted node is not ours
-            # to hold.
+                "nodeSelectorTerms": [{"matchFields": [
+                    {"key": NODE_NAME_FIELD, "operator": "In", "values": [node]}]}]}}},
+            # The node's GPU taint only: the hold must land wherever GPU work may. Nothing
+            # else: a cordoned, quarantined or otherwise tainted node is not ours to hold.
             "tolerations": [{"key": spec.resource, "operator": "Exists", "effect": "NoSchedule"}],
             "containers": [{
                 "name": "hold",

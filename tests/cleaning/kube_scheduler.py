@@ -23,9 +23,10 @@ def _target(pod: dict) -> str | None:
     terms = (((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {})
              .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get(
                  "nodeSelectorTerms") or []
-    for term in terms:
-        for e in term.get("matchExpressions") or []:
-            if e.get("key") == "kubernetes.io/hostname" and e.get("operator") == "In":
+    for term in terms:  # the workloads pin by hostname label, the hold by the Node's name
+        for e in [*(term.get("matchExpressions") or []), *(term.get("matchFields") or [])]:
+            if (e.get("key") in ("kubernetes.io/hostname", "metadata.name")
+                    and e.get("operator") == "In"):
                 return e["values"][0]
     return None
 

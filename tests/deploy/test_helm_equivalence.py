@@ -55,7 +55,8 @@ def _as_the_chart_renders_it(objects: dict, components: list[str]) -> dict:
        rendering says kustomize, the chart's says Helm (both set it on objects only, not on pod
        templates);
     2. forceDelete.enabled also sets remediation.drain.force_delete in the config, which the
-       force-delete component asks the operator to do by hand.
+       force-delete component asks the operator to do by hand; cleaning.enabled likewise sets
+       cleaning.enabled.
     """
     for obj in objects.values():
         labels = obj["metadata"].get("labels") or {}
@@ -64,6 +65,9 @@ def _as_the_chart_renders_it(objects: dict, components: list[str]) -> dict:
     if "components/force-delete" in components:
         config = objects[("ConfigMap", NAMESPACE, "gpu-monitor-config")]["data"]["config.yaml"]
         config["remediation"]["drain"]["force_delete"] = True
+    if "components/cleaning" in components:
+        config = objects[("ConfigMap", NAMESPACE, "gpu-monitor-config")]["data"]["config.yaml"]
+        config.setdefault("cleaning", {})["enabled"] = True
     return objects
 
 

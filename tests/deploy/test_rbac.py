@@ -121,3 +121,16 @@ def test_the_comparison_fails_when_a_verb_is_added():
     role = find(docs, "ClusterRole", "gpu-monitor")
     role["rules"][0]["verbs"].append("update")
     assert _triples(_bound_rules(docs)) != _declared()
+
+
+def test_the_cleaning_component_grants_the_holds_rules_in_our_namespace_only():
+    from gpu_monitor.cleaning.hold import PRIORITY_CLASS, RBAC_RULES
+
+    docs = base_objects() + component_objects("cleaning")
+    extra = _triples(_bound_rules(docs)) - _triples(_bound_rules(base_objects()))
+    assert extra == {(g, r, v) for g, r, verbs in RBAC_RULES for v in verbs}
+    for role, rule in _bound_rules(component_objects("cleaning") + base_objects()):
+        if "create" in rule["verbs"] and "pods" in rule["resources"]:
+            assert role["kind"] == "Role" and role["metadata"]["namespace"] == NAMESPACE
+    pc = find(component_objects("cleaning"), "PriorityClass", PRIORITY_CLASS)
+    assert (pc["value"], pc["preemptionPolicy"]) == (1_000_000_000, "Never")

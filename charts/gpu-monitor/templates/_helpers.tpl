@@ -111,9 +111,10 @@ merged over it.
 {{- $_ := set $remediation.breaker "max_nodes" .Values.remediation.breaker.maxNodes -}}
 {{- if .Values.forceDelete.enabled }}{{ $_ := set $remediation.drain "force_delete" true }}{{ end -}}
 {{- if .Values.failfastDelete.enabled }}{{ $_ := set $config "failfast" (merge (dict "actions" (list "event" "file" "delete")) (default (dict) $config.failfast)) }}{{ end -}}
+{{- if .Values.cleaning.enabled }}{{ $_ := set $config "cleaning" (merge (dict "enabled" true) (default (dict) $config.cleaning)) }}{{ end -}}
 {{- include "gpu-monitor.mergeInto" (list $config .Values.config) -}}
 # daemonset/config.yaml with the chart's values applied (values.yaml: remediation, forceDelete,
-# config). Every key: docs/configuration.md.
+# failfastDelete, cleaning, config). Every key: docs/configuration.md.
 {{ toYaml $config -}}
 {{- end }}
 
