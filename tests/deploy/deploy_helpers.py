@@ -268,11 +268,16 @@ def golden_metric_names() -> set[str]:
     return names
 
 
-def remediation_metric_names() -> set[str]:
-    """The remediation collector's metric names (declared in gpu_monitor/remediate/metrics.py)."""
+def collector_metric_names() -> set[str]:
+    """The metric names of the daemon's extra collectors, which the golden scrapes (the checks'
+    own families) do not hold: remediation, workload attribution, fail-fast, cleaning."""
+    from gpu_monitor.cleaning.metrics import CLEANING_METRICS
+    from gpu_monitor.failfast.metrics import FAILFAST_METRICS
     from gpu_monitor.remediate.metrics import REMEDIATION_METRICS
+    from gpu_monitor.workloads.metrics import WORKLOAD_METRICS
 
-    return {m.name for m in REMEDIATION_METRICS}
+    return {m.name for m in (*REMEDIATION_METRICS, *WORKLOAD_METRICS, *FAILFAST_METRICS,
+                             *CLEANING_METRICS)}
 
 
 def iter_rules(prometheus_rule: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:

@@ -16,11 +16,11 @@ import yaml
 
 from tests.deploy.deploy_helpers import (
     DEPLOY,
+    collector_metric_names,
     find,
     golden_metric_names,
     installed_tool,
     promql_metric_names,
-    remediation_metric_names,
     render,
 )
 
@@ -76,7 +76,7 @@ def test_the_dashboard_shows_every_section_the_issue_asks_for():
 
 
 def test_every_query_reads_only_metrics_gpu_monitor_exposes():
-    known = golden_metric_names() | remediation_metric_names()
+    known = golden_metric_names() | collector_metric_names()
     d = _dashboard()
     queries = _queries(d)
     assert len(queries) >= 20

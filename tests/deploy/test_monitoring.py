@@ -20,13 +20,13 @@ from tests.deploy.deploy_helpers import (
     GOLDEN,
     NAMESPACE,
     base_objects,
+    collector_metric_names,
     find,
     golden_metric_names,
     heading_anchors,
     installed_tool,
     iter_rules,
     promql_metric_names,
-    remediation_metric_names,
 )
 
 PROMTOOL_TESTS = Path(__file__).resolve().parent / "promtool" / "alerts_test.yaml"
@@ -121,7 +121,7 @@ def test_every_required_alarm_has_an_alert():
 
 
 def test_alerts_read_only_metrics_that_exist():
-    known = golden_metric_names() | remediation_metric_names() | EXTERNAL_METRICS
+    known = golden_metric_names() | collector_metric_names() | EXTERNAL_METRICS
     for name, alert in _alerts().items():
         used = promql_metric_names(alert["expr"])
         assert used, f"{name}: no metric found in its expression"
