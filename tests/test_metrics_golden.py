@@ -20,9 +20,11 @@ from prometheus_client import CollectorRegistry
 
 from gpu_monitor.check import Context
 from gpu_monitor.clock import FakeClock
-from gpu_monitor.config import DEFAULT_CONFIG
+from gpu_monitor.config import DEFAULT_CONFIG, FailfastConfig
 from gpu_monitor.daemon import Daemon, build_registry
 from gpu_monitor.exporter import Exporter
+from gpu_monitor.failfast.metrics import failfast_collector
+from gpu_monitor.failfast.records import NoticeBook
 from gpu_monitor.model import Kind
 from gpu_monitor.profiles import load_profile
 from gpu_monitor.registry import all_check_classes, select
@@ -59,10 +61,18 @@ def _dry_run_remediation(store: Store, clock: FakeClock) -> None:
                                                       "2026-01-01T00:00:00Z", "NvLinkDown")},
                             budget=3, gpu_nodes=64)
     store.set_kv(KV_NAMESPACE, KV_BREAKER, breaker.to_dict())
+    # The fail-fast notice of mlx5_0:1's outage past NCCL's tolerance, in dry-run (the default
+    # actions, event and file, on the one pod holding a paired GPU), counted through the
+    # notifier's own book.
+    book = NoticeBook(store)
+    book.count("notice", "would_notify")
+    for action in FailfastConfig.actions:
+        book.count(action, "dry_run")
 
 
-#: The scenarios whose store also holds a remediator's record; every scenario serves the
-#: remediation families, as a daemon with remediation enabled (dry-run by default) does.
+#: The scenarios whose store also holds a remediator's and the fail-fast notifier's records;
+#: every scenario serves the remediation and fail-fast families, as a daemon with remediation
+#: enabled (dry-run by default) and fail-fast on (its default) does.
 REMEDIATION = {"h100_faulty": _dry_run_remediation}
 
 
@@ -94,7 +104,8 @@ def serving(scenario: str, tmp_path: Path) -> Iterator[tuple[CollectorRegistry, 
         if scenario in REMEDIATION:
             REMEDIATION[scenario](store, clock)
         registry = build_registry(daemon, store, classes, clock,
-                                  extra=[remediation_collector(store)])
+                                  extra=[remediation_collector(store),
+                                         failfast_collector(store, FailfastConfig.actions)])
         exporter = Exporter(registry, daemon.health)
         host, port = exporter.start("127.0.0.1:0")
         yield registry, f"http://{host}:{port}/metrics"
