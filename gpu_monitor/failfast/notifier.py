@@ -31,6 +31,7 @@ from gpu_monitor.failfast.affected import Affected, PodRef, affected
 from gpu_monitor.failfast.local import notice_path, send_signal, signal_number, write_notice
 from gpu_monitor.failfast.pods import CONDITION_TYPE, PodWriter, iso
 from gpu_monitor.failfast.records import NoticeBook
+from gpu_monitor.failfast.sweep import process_alive, remove_gone
 from gpu_monitor.failfast.trigger import Trigger, triggers_from
 from gpu_monitor.model import Result
 from gpu_monitor.workloads.attribution import Snapshot
@@ -41,6 +42,8 @@ log = logging.getLogger(__name__)
 #: writes after.
 ORDER = ("file", "signal", "event", "delete")
 EVENT_REASON = "GPUMonitorFailFast"
+#: How often, when idle, the notifier removes the notice files of workloads that are gone.
+SWEEP_S = 60.0
 
 
 @dataclass
@@ -56,6 +59,7 @@ class Wiring:
     pod_pids: Callable[[str], list[int]] = lambda uid: []  # a pod's cgroup, by UID
     kube: Callable[[], Any] | None = None  # a gpu_monitor.kube.Kube, made on first use
     kill: Callable[[int, int], None] | None = None  # os.kill
+    pid_alive: Callable[[int], bool] = process_alive  # a notice's process still exists
     observers: list[Callable[[str, dict], None]] = field(default_factory=list)
 
 
@@ -115,10 +119,25 @@ class FailFast:
         except Exception as exc:  # noqa: BLE001 - the notice says so when it needs the client
             log.info("fail-fast: no Kubernetes client yet: %s", exc)
 
+    def sweep(self) -> int:
+        """Remove the notice files of workloads that are gone (failfast/sweep.py); how many.
+        Runs on the notifier's thread every ``SWEEP_S`` when no notice is waiting."""
+        if "file" not in self.actions or self.dry_run:
+            return 0
+        return remove_gone(self.settings.notice_dir, self.book.notices(), self.w.snapshot(),
+                           self.w.pid_alive)
+
     def _run(self) -> None:
         self._warm()
         while True:
-            t = self._queue.get()
+            try:
+                t = self._queue.get(timeout=SWEEP_S)
+            except queue.Empty:
+                try:
+                    self.sweep()
+                except Exception as exc:  # noqa: BLE001 - the thread must survive anything
+                    log.warning("fail-fast: the notice sweep failed: %s", exc)
+                continue
             if t is None:
                 return
             try:

@@ -54,7 +54,8 @@ class Rig:
     """A notifier whose inputs the test holds: ``snap``, ``pair``, ``clock``."""
 
     def __init__(self, tmp_path, clock, snap: Snapshot, *, store=None, dry_run=False,
-                 pair=None, kube=None, kill=None, gpu_pids=None, pod_pids=None, **settings):
+                 pair=None, kube=None, kill=None, gpu_pids=None, pod_pids=None,
+                 pid_alive=None, **settings):
         self.store = store or Store.open(":memory:", clock)
         self.snap = snap
         self.pair = {f"mlx5_{i}": [i] for i in range(8)} if pair is None else pair
@@ -64,7 +65,8 @@ class Rig:
                              pairing=self._pairing, now=lambda: clock.now().timestamp(),
                              kube=kube, kill=kill,
                              gpu_pids=gpu_pids or (lambda gpus: []),
-                             pod_pids=pod_pids or (lambda uid: []))
+                             pod_pids=pod_pids or (lambda uid: []),
+                             pid_alive=pid_alive or (lambda pid: True))
         self.ff = FailFast(ff, dry_run, self.wiring)
 
     def _pairing(self):
