@@ -65,6 +65,7 @@ class Cleaner:
         self.retry_after_s = retry_after_s
         self.clock = clock or Clock()
         self.counts = Counts()
+        self._failing = ""  # the error the passes fail with now ("" when they do not)
 
     # --- memory ------------------------------------------------------------------------------
 
@@ -112,18 +113,28 @@ class Cleaner:
         """One pass. An API error (or no API client to be had) is counted and logged; the
         memory is left as it was, and the next pass tries again. Never raises."""
         try:
-            return self._tick()
+            step = self._tick()
         except KubeError as err:
             self._error(str(err))
-            log.warning("cleaning: %s", err)
         except Exception as exc:  # noqa: BLE001 - the loop outlives any one pass
-            self._error(f"{type(exc).__name__}: {exc}")
-            log.exception("cleaning: the pass on %s failed", self.node)
+            self._error(f"{type(exc).__name__}: {exc}", exc)
+        else:
+            if self._failing:
+                log.info("cleaning: the API answers again on %s", self.node)
+                self._failing = ""
+            return step
         return None
 
-    def _error(self, text: str) -> None:
+    def _error(self, text: str, exc: BaseException | None = None) -> None:
+        """Count every failed pass; log an error when it is new (a traceback for one that is
+        not an API error), not every pass of a daemon that cannot reach its API server."""
         self.counts.errors += 1
         self.counts.last_error = text[:300]
+        if text != self._failing:
+            self._failing = text
+            log.warning("cleaning: passes on %s fail: %s (logged once while it lasts; each "
+                        "counted in gpu_monitor_cleaning_api_errors_total)", self.node, text,
+                        exc_info=exc)
 
     def _tick(self) -> plan.Step:
         mem = self.memory()

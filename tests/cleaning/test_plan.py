@@ -152,3 +152,23 @@ def test_an_unreadable_stored_memory_starts_dirty_instead_of_crashing(tmp_path) 
         assert c.memory() == Memory()
     finally:
         store.close()
+
+
+def test_a_cleaner_without_an_api_server_counts_each_pass_and_logs_once(tmp_path,
+                                                                          caplog) -> None:
+    from gpu_monitor.cleaning.loop import Cleaner
+    from gpu_monitor.state import Store
+
+    def no_cluster():
+        raise RuntimeError("Invalid kube-config file. No configuration found.")
+
+    store = Store.open(str(tmp_path / "state.db"))
+    try:
+        c = Cleaner(no_cluster, "n1", store, run_suite=lambda *_: Verdict.HEALTHY,
+                    quarantined=lambda: False)
+        with caplog.at_level("WARNING", logger="gpu_monitor.cleaning.loop"):
+            assert [c.tick() for _ in range(3)] == [None, None, None]
+        assert c.counts.errors == 3 and "No configuration found" in c.counts.last_error
+        assert len([r for r in caplog.records if "passes on n1 fail" in r.message]) == 1
+    finally:
+        store.close()
