@@ -31,6 +31,12 @@ from gpu_monitor.model import NODE, Report, Result, RunOutcome, Status, verdict_
 
 REQUIRED_NOTE = "required for the bootstrap"
 
+#: One bootstrap suite at a time in this process: the bootstrap gate, the remediation retest
+#: and the cleaning between workloads each run the node's active checks, which measure the GPUs
+#: and must not share them with one another (a burn-in beside a burn-in reads half its speed).
+#: Held for a whole suite (``run_suite(bootstrap=True)``, ``cleaning.suite.HeldSuite``).
+ACTIVE_SUITE = threading.RLock()
+
 
 @dataclass
 class RunnerHooks:
@@ -287,6 +293,15 @@ def run_suite(checks: Sequence[Check], ctx: Context, fail_fast: bool = False,
     ``bootstrap``: the suite is a bootstrap (guarantee 2). ``disabled``: check name -> the
     config field that disables it; such a check is reported ``DisabledByConfig``, not run.
     """
+    if bootstrap:
+        with ACTIVE_SUITE:
+            return _run_suite(checks, ctx, fail_fast, hooks, True, disabled)
+    return _run_suite(checks, ctx, fail_fast, hooks, False, disabled)
+
+
+def _run_suite(checks: Sequence[Check], ctx: Context, fail_fast: bool,
+               hooks: RunnerHooks | None, bootstrap: bool,
+               disabled: Mapping[str, str] | None) -> tuple[list[RunOutcome], Report]:
     hooks = hooks or RunnerHooks()
     disabled = disabled or {}
     started = ctx.clock.now()

@@ -17,12 +17,14 @@ def test_generated_doc_is_current(name):
 
 
 def test_every_exported_metric_is_documented():
+    from gpu_monitor.failfast.metrics import FAILFAST_METRICS
     from gpu_monitor.metrics import documented_metrics
     from gpu_monitor.remediate.metrics import REMEDIATION_METRICS
 
     golden = (REPO / "tests" / "golden" / "h100_faulty.prom").read_text()
     exported = {line.split()[2] for line in golden.splitlines() if line.startswith("# TYPE")}
-    documented = {m.name for m in (*documented_metrics(), *REMEDIATION_METRICS)}
+    documented = {m.name for m in (*documented_metrics(), *REMEDIATION_METRICS,
+                                   *FAILFAST_METRICS)}
     assert exported <= documented, f"undocumented: {exported - documented}"
 
 

@@ -113,7 +113,8 @@ def _time(value: Any) -> datetime | None:
 
 def node_view(node: str, pods_on_node: Iterable[Mapping[str, Any]],
               hold: Mapping[str, Any] | None, *, quarantined: bool,
-              resource: str = GPU_RESOURCE) -> NodeView:
+              resource: str = GPU_RESOURCE, provisioning: bool = False,
+              provisioned_at: datetime | None = None) -> NodeView:
     """What ``plan.step`` reads: the workloads holding the node's GPUs (bound, not finished;
     a terminating pod still holds them), and our hold as the API server has it."""
     workloads = []
@@ -133,4 +134,4 @@ def node_view(node: str, pods_on_node: Iterable[Mapping[str, Any]],
                          deleting=bool(meta.get("deletionTimestamp")),
                          refused=(hold.get("status") or {}).get("phase") in ("Failed", "Succeeded"))
     return NodeView(tuple(sorted(workloads, key=lambda w: (w.namespace, w.name))), view_hold,
-                    quarantined)
+                    quarantined, provisioning, provisioned_at)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Protocol
 
 from gpu_monitor.cleaning import plan
@@ -52,7 +53,9 @@ class Counts:
 class Cleaner:
     def __init__(self, kube: Callable[[], Any], node: str, store: Memories, *,
                  run_suite: Callable[[float, Callable[[], bool]], Verdict],
-                 quarantined: Callable[[], bool], spec: HoldSpec | None = None,
+                 quarantined: Callable[[], bool],
+                 provisioning: Callable[[], tuple[bool, datetime | None]] = lambda: (False, None),
+                 spec: HoldSpec | None = None,
                  budget_s: float = 1800.0, retry_after_s: float = 900.0,
                  clock: Clock | None = None) -> None:
         self.kube = kube  # the API client (gpu_monitor.kube.Kube), made on first use
@@ -60,6 +63,7 @@ class Cleaner:
         self.store = store
         self.run_suite = run_suite
         self.quarantined = quarantined
+        self.provisioning = provisioning  # (the bootstrap gate is still closed, when it passed)
         self.spec = spec or HoldSpec()
         self.budget_s = budget_s
         self.retry_after_s = retry_after_s
@@ -95,8 +99,10 @@ class Cleaner:
 
     def view(self) -> plan.NodeView:
         pods = self.api.list_pods_on_node(self.node)
+        closed, passed_at = self.provisioning()
         return node_view(self.node, pods, self._hold(), quarantined=self.quarantined(),
-                         resource=self.spec.resource)
+                         resource=self.spec.resource, provisioning=closed,
+                         provisioned_at=passed_at)
 
     def still_held(self) -> bool:
         """The hold is bound here, running, not being deleted, and no workload shares the node."""

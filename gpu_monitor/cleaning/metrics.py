@@ -16,14 +16,15 @@ from gpu_monitor.cleaning.suite import HeldSuite
 from gpu_monitor.metric_families import MetricDoc
 from gpu_monitor.model import Verdict
 
-STATES = (plan.STATE_OFF, plan.STATE_IN_USE, plan.STATE_WAITING, plan.STATE_CLEANING,
-          plan.STATE_RETRYING, plan.STATE_FAILED, plan.STATE_CLEAN, plan.STATE_QUARANTINED)
+STATES = (plan.STATE_OFF, plan.STATE_PROVISIONING, plan.STATE_IN_USE, plan.STATE_WAITING,
+          plan.STATE_CLEANING, plan.STATE_RETRYING, plan.STATE_FAILED, plan.STATE_CLEAN,
+          plan.STATE_QUARANTINED)
 
 CLEANING_METRICS: tuple[MetricDoc, ...] = (
     MetricDoc("gpu_monitor_cleaning_state", "gauge", ("state",),
               "The check between workloads (docs/cleaning.md): 1 for the cleaner's state now "
-              "(in_use, waiting, cleaning, retrying, failed, clean, quarantined; off before its "
-              "first pass), 0 for the others."),
+              "(provisioning, in_use, waiting, cleaning, retrying, failed, clean, quarantined; "
+              "off before its first pass), 0 for the others."),
     MetricDoc("gpu_monitor_cleaning_runs_total", "counter", ("verdict",),
               "Suite runs on the held node by verdict; unknown counts runs stopped by the "
               "budget or a lost hold, and images that cannot run the suite."),

@@ -34,6 +34,7 @@ STATE_RETRYING = "retrying"      # the suite could not give an answer; held, tri
 STATE_FAILED = "failed"          # the suite failed; held until quarantine, or a later pass
 STATE_CLEAN = "clean"            # passed since the last workload; not held
 STATE_QUARANTINED = "quarantined"
+STATE_PROVISIONING = "provisioning"  # the bootstrap gate has not passed: it cleans the node
 
 @dataclass(frozen=True)
 class Workload:
@@ -61,6 +62,10 @@ class NodeView:
     workloads: tuple[Workload, ...]
     hold: Hold | None
     quarantined: bool
+    #: The bootstrap gate has not passed yet (its taint holds the node; its suite runs).
+    provisioning: bool = False
+    #: When the bootstrap gate's suite passed (None: no pass recorded).
+    provisioned_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -143,6 +148,15 @@ def step(view: NodeView, mem: Memory, now: datetime) -> Step:
                       held_failed=False)
         acts: tuple[Action, ...] = (DeleteHold(QUARANTINED),) if hold else ()
         return Step(STATE_QUARANTINED, acts, mem)
+    if view.provisioning:
+        # The bootstrap gate's taint keeps work off the node and its suite runs: a second
+        # suite would share the GPUs with it. Its pass counts as the node's clean (below) when
+        # no workload was seen since the node was seen idle.
+        if view.workloads:
+            mem = replace(mem, dirty=True, idle_since=None)
+        elif mem.idle_since is None:
+            mem = replace(mem, idle_since=now)
+        return Step(STATE_PROVISIONING, (), mem)
     if hold is not None and hold.refused:
         # The kubelet refused it (a workload got the GPUs first, OutOf<resource>) or it ended:
         # it holds nothing. Deleted; the next step makes a new one.
@@ -157,8 +171,14 @@ def step(view: NodeView, mem: Memory, now: datetime) -> Step:
         return Step(STATE_IN_USE, (), mem, missed)
     if mem.idle_since is None:
         mem = replace(mem, idle_since=now)
+    if mem.dirty and view.provisioned_at is not None and view.provisioned_at >= mem.idle_since:
+        # The bootstrap suite passed since the node was last seen in use: that was its clean.
+        mem = replace(mem, dirty=False, attempts=0, next_try=None, held_failed=False,
+                      last_clean=view.provisioned_at)
     if not mem.dirty:
-        return Step(STATE_CLEAN, (), mem)
+        # A hold still there on a clean node is one a killed daemon had not deleted yet after
+        # recording the pass: it is given back now.
+        return Step(STATE_CLEAN, (DeleteHold(RELEASED),) if hold else (), mem)
     if hold is None:
         return Step(STATE_WAITING, create, mem)
     if not (hold.bound and hold.running):

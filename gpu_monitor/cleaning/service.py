@@ -14,6 +14,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from gpu_monitor.check import Check, Context
@@ -22,7 +23,9 @@ from gpu_monitor.cleaning.loop import Cleaner
 from gpu_monitor.cleaning.suite import HeldSuite
 from gpu_monitor.clock import Clock
 from gpu_monitor.config import CleaningConfig
-from gpu_monitor.model import RunOutcome, UsageError
+from gpu_monitor.model import RunOutcome, UsageError, parse_iso
+from gpu_monitor.remediate.bootstrap_gate import KV_NAMESPACE as GATE_NAMESPACE
+from gpu_monitor.remediate.bootstrap_gate import KV_PASSED as GATE_PASSED
 from gpu_monitor.remediate.record import load_record
 
 log = logging.getLogger(__name__)
@@ -74,6 +77,7 @@ def build(cfg: CleaningConfig, node: str, store: Any, *, kube: Callable[[], Any]
           context: Callable[[], Context], record: Callable[[RunOutcome], None],
           runtime_missing: Callable[[], str], quarantined: Callable[[], bool],
           stop: threading.Event, clock: Clock | None = None,
+          provisioning: Callable[[], tuple[bool, datetime | None]] = lambda: (False, None),
           env: Mapping[str, str] | None = None) -> Service:
     """The cleaner of ``cfg`` (enabled or not: the caller decides whether to start it)."""
     clock = clock or Clock()
@@ -83,7 +87,7 @@ def build(cfg: CleaningConfig, node: str, store: Any, *, kube: Callable[[], Any]
     spec = HoldSpec(namespace=hold_namespace(cfg, env), image=cfg.hold_image,
                     priority_class=cfg.priority_class)
     cleaner = Cleaner(kube, node, store, run_suite=suite, quarantined=quarantined,
-                      spec=spec, budget_s=cfg.budget_s, retry_after_s=cfg.retry_after_s,
+                      provisioning=provisioning, spec=spec, budget_s=cfg.budget_s, retry_after_s=cfg.retry_after_s,
                       clock=clock)
     return Service(cleaner, suite, cfg.interval_s, stop)
 
@@ -102,4 +106,17 @@ def from_env(env: Any, suite: tuple[Sequence[Check], Mapping[str, str]], *,
                  disabled=disabled, context=lambda: env.context(force=False), record=record,
                  runtime_missing=runtime_missing,
                  quarantined=lambda: load_record(env.store, env.clock.now()) is not None,
+                 provisioning=lambda: bootstrap_gate_state(env.store,
+                                                           env.config.daemon.bootstrap_on_start),
                  stop=stop, clock=env.clock)
+
+
+def bootstrap_gate_state(store: Any, gate_on: bool) -> tuple[bool, datetime | None]:
+    """(the bootstrap gate is still closed, when its suite passed): while it is closed its
+    taint holds the node and its suite runs, so the cleaner waits; its pass is a clean."""
+    raw = store.get_kv(GATE_NAMESPACE, GATE_PASSED)
+    try:
+        passed = parse_iso(raw) if isinstance(raw, str) else None
+    except ValueError:
+        passed = None
+    return gate_on and passed is None, passed

@@ -13,7 +13,9 @@
    never a pass. A check already running is bounded by its own timeout, not cut off.
 3. **Every outcome is recorded** as it comes (``record``: the daemon's store-then-remediation
    path), so a failed check reaches remediation like a failed poll does.
-4. **No runtime, no pass.** An image that cannot run the active checks (no torch; a CPU-only
+4. **One suite at a time.** The run holds the runner's ``ACTIVE_SUITE`` lock, as the
+   bootstrap gate's and the remediation retest's suites do: active checks never share GPUs.
+5. **No runtime, no pass.** An image that cannot run the active checks (no torch; a CPU-only
    torch on a GPU node) runs nothing and answers ``unknown`` naming what it lacks.
 """
 
@@ -27,7 +29,7 @@ from datetime import datetime
 from gpu_monitor.check import Check, Context
 from gpu_monitor.clock import Clock
 from gpu_monitor.model import RunOutcome, Status, Verdict
-from gpu_monitor.runner import disabled_outcome, run_check, suite_verdict
+from gpu_monitor.runner import ACTIVE_SUITE, disabled_outcome, run_check, suite_verdict
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +75,11 @@ class HeldSuite:
             log.warning("cleaning: this image cannot run the active checks (%s): no pass",
                         missing)
             return self._done(Verdict.UNKNOWN, started, t0, [], STOPPED_NO_RUNTIME, missing)
+        with ACTIVE_SUITE:  # never beside the bootstrap gate's or a retest's suite
+            return self._run(budget_s, still_held, started, t0)
+
+    def _run(self, budget_s: float, still_held: Callable[[], bool], started: datetime,
+             t0: float) -> Verdict:
         ctx = self.context()
         outcomes: list[RunOutcome] = []
         for check in self.checks:

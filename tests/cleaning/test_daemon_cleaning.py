@@ -19,7 +19,9 @@ from gpu_monitor.cleaning.metrics import cleaning_collector
 from gpu_monitor.cli import build_env, build_parser, main
 from gpu_monitor.daemon import Daemon, make_cleaning
 from gpu_monitor.metrics import StoreCollector
-from gpu_monitor.model import Status
+from gpu_monitor.model import Status, iso
+from gpu_monitor.remediate.bootstrap_gate import KV_NAMESPACE as GATE_NAMESPACE
+from gpu_monitor.remediate.bootstrap_gate import KV_PASSED as GATE_PASSED
 from gpu_monitor.remediate.policy import Op
 from gpu_monitor.remediate.record import QuarantineRecord, save_record
 from gpu_monitor.state import Store
@@ -30,10 +32,13 @@ SLOW = ["pcie", "nvlink_peer", "dcgm_diag", "rdma_loopback", "burn_in", "nccl_al
         "sdc_probe"]
 
 
-def config(tmp_path, **cleaning) -> str:
+def config(tmp_path, gate: bool = False, **cleaning) -> str:
+    """Cleaning on, a pass every 50 ms, the slow checks disabled; the bootstrap gate off
+    unless ``gate`` (a daemon with it on waits for its pass first)."""
     path = tmp_path / "config.yaml"
     opts = {"enabled": True, "interval_s": 0.05, **cleaning}
     path.write_text(f"cleaning: {opts}\n".replace("True", "true")
+                    + f"daemon: {{bootstrap_on_start: {str(gate).lower()}}}\n"
                     + f"disabled_checks: {SLOW}\n")
     return str(path)
 
@@ -56,11 +61,12 @@ class Consumer:
 
 
 @contextmanager
-def cleaning_daemon(tmp_path, kube, *faults: str, after_record=None, **cleaning) -> Iterator:
+def cleaning_daemon(tmp_path, kube, *faults: str, after_record=None, gate: bool = False,
+                    **cleaning) -> Iterator:
     """The daemon's cleaner on its thread (``after_record(service)``: called after each outcome
     the suite records, hooked in before the start)."""
     argv = ["daemon", "--simulate", "h100-sxm-8", "--node-name", NODE,
-            "--config", config(tmp_path, **cleaning), "--state", str(tmp_path / "state.db")]
+            "--config", config(tmp_path, gate, **cleaning), "--state", str(tmp_path / "state.db")]
     for f in faults:
         argv += ["--inject", f]
     env = build_env(build_parser().parse_args(argv))
@@ -160,6 +166,24 @@ def test_a_daemon_stopping_mid_suite_stops_between_checks_and_no_pass_is_recorde
         mem = service.cleaner.memory()
         assert mem.dirty and mem.last_clean is None  # cleaned again after the restart
         assert running(fake_api, "gpu-monitor", hold_name(NODE))  # and held meanwhile
+
+
+def test_while_the_bootstrap_gate_is_closed_the_cleaner_waits_and_its_pass_is_the_clean(
+        tmp_path, fake_api, kube, node, scheduler) -> None:
+    with cleaning_daemon(tmp_path, kube, gate=True) as (env, service, consumer):
+        wait_for(lambda: service.cleaner.counts.state == plan.STATE_PROVISIONING,
+                 "waiting for the gate")
+        assert fake_api.pod("gpu-monitor", hold_name(NODE)) is None  # no second suite
+        # The gate's suite passes (recorded as bootstrap_gate.py records it): that is the clean.
+        env.store.set_kv(GATE_NAMESPACE, GATE_PASSED, iso(env.clock.now()))
+        wait_for(lambda: service.cleaner.counts.state == plan.STATE_CLEAN, "clean")
+        assert service.suite.last is None and consumer.results == []  # nothing ran twice
+        assert fake_api.pod("gpu-monitor", hold_name(NODE)) is None
+        # The first workload makes the node dirty; its end is cleaned as usual.
+        workload(kube, "train-0")
+        wait_for(lambda: service.cleaner.counts.state == plan.STATE_IN_USE, "in use")
+        kube.delete_pod("team", "train-0")
+        wait_for(lambda: service.cleaner.counts.released == 1, "cleaned after the workload")
 
 
 @pytest.mark.parametrize("flag", [[], ["--inject", "missing@node,what=torch"]])

@@ -116,3 +116,32 @@ def test_a_disabled_check_is_reported_not_run() -> None:
     assert s(100, lambda: True) is Verdict.HEALTHY
     (o,) = recorded
     assert a.runs == 0 and o.results[0].reason == "DisabledByConfig"
+
+
+def test_the_run_waits_for_another_suite_to_finish() -> None:
+    import threading
+
+    from gpu_monitor.runner import ACTIVE_SUITE
+
+    clock = FakeClock()
+    a = Step("a", clock)
+    s, _ = suite(a, clock=clock)
+    holding, release = threading.Event(), threading.Event()
+
+    def other_suite() -> None:  # the bootstrap gate's, say
+        with ACTIVE_SUITE:
+            holding.set()
+            release.wait(60)
+
+    other = threading.Thread(target=other_suite)
+    other.start()
+    assert holding.wait(60)
+    verdicts: list = []
+    ours = threading.Thread(target=lambda: verdicts.append(s(100, lambda: True)))
+    ours.start()
+    ours.join(0.2)  # blocked on the lock whatever the load: a check never ran beside it
+    assert ours.is_alive() and a.runs == 0
+    release.set()
+    ours.join(60)
+    other.join(60)
+    assert verdicts == [Verdict.HEALTHY] and a.runs == 1

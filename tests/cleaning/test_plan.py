@@ -46,6 +46,16 @@ def view(*workloads: Workload, hold: Hold | None = None, quarantined: bool = Fal
      plan.STATE_WAITING, ()),
     # passed since the last workload: nothing held, nothing created
     (view(), Memory(dirty=False), plan.STATE_CLEAN, ()),
+    # ... and a hold a killed daemon left after recording the pass is given back
+    (view(hold=BOUND), Memory(dirty=False), plan.STATE_CLEAN, (DeleteHold(plan.RELEASED),)),
+    # the bootstrap gate has not passed: its taint holds the node, its suite runs; no second
+    (NodeView((), None, False, provisioning=True), Memory(), plan.STATE_PROVISIONING, ()),
+    # the gate passed after the node was seen idle: that was the clean, no suite again
+    (NodeView((), None, False, provisioned_at=T0), Memory(idle_since=T0 - timedelta(seconds=5)),
+     plan.STATE_CLEAN, ()),
+    # a gate pass from before the node was last in use is no clean of this idle spell
+    (NodeView((), None, False, provisioned_at=T0 - timedelta(seconds=9)),
+     Memory(idle_since=T0 - timedelta(seconds=5)), plan.STATE_WAITING, (CreateHold(),)),
     # a failed run keeps the node held; tried again after the wait (a pass alone releases)
     (view(hold=BOUND), Memory(held_failed=True, next_try=T0 + timedelta(seconds=1)),
      plan.STATE_FAILED, ()),
