@@ -224,7 +224,8 @@ class CleaningConfig:
 
     enabled: bool = False
     budget_s: float = 1800.0  # one run of the suite; checked between checks
-    retry_after_s: float = 900.0  # after an unknown or a failed run, the next try
+    retry_after_s: float = 900.0  # after an unknown run the next try; after a fail, the handoff
+    max_attempts: int = 3  # unknown runs in a row before the node is given back uncleaned
     interval_s: float = 5.0  # the loop's pass: bounds the window before the hold is queued
     hold_image: str = "registry.k8s.io/pause:3.10"
     priority_class: str = "gpu-monitor-cleaning"
@@ -486,6 +487,7 @@ def config_schema() -> Map:
             "enabled": Bool(),
             "budget_s": SECONDS,
             "retry_after_s": SECONDS,
+            "max_attempts": Int(1),
             "interval_s": SECONDS,
             "hold_image": Str(what="a container image reference", pattern=r"\S+"),
             "priority_class": _K8S_NAME,

@@ -57,6 +57,7 @@ class Cleaner:
                  provisioning: Callable[[], tuple[bool, datetime | None]] = lambda: (False, None),
                  spec: HoldSpec | None = None,
                  budget_s: float = 1800.0, retry_after_s: float = 900.0,
+                 max_attempts: int = 3,
                  clock: Clock | None = None) -> None:
         self.kube = kube  # the API client (gpu_monitor.kube.Kube), made on first use
         self.node = node
@@ -67,6 +68,7 @@ class Cleaner:
         self.spec = spec or HoldSpec()
         self.budget_s = budget_s
         self.retry_after_s = retry_after_s
+        self.max_attempts = max_attempts
         self.clock = clock or Clock()
         self.counts = Counts()
         self._failing = ""  # the error the passes fail with now ("" when they do not)
@@ -200,7 +202,8 @@ class Cleaner:
             self.counts.last_error = f"suite: {type(exc).__name__}: {exc}"[:300]
             verdict = Verdict.UNKNOWN
         self.counts.runs[verdict.value] = self.counts.runs.get(verdict.value, 0) + 1
-        done = plan.after_suite(mem, verdict, self.clock.now(), retry_after_s=self.retry_after_s)
+        done = plan.after_suite(mem, verdict, self.clock.now(), retry_after_s=self.retry_after_s,
+                                max_attempts=self.max_attempts)
         self._keep(done.memory)  # the pass is recorded before the node is released
         self.counts.state = done.state
         for action in done.actions:

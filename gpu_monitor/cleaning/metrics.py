@@ -18,18 +18,22 @@ from gpu_monitor.model import Verdict
 
 STATES = (plan.STATE_OFF, plan.STATE_PROVISIONING, plan.STATE_IN_USE, plan.STATE_WAITING,
           plan.STATE_CLEANING, plan.STATE_RETRYING, plan.STATE_FAILED, plan.STATE_CLEAN,
-          plan.STATE_QUARANTINED)
+          plan.STATE_UNCLEAN, plan.STATE_QUARANTINED)
 
 CLEANING_METRICS: tuple[MetricDoc, ...] = (
     MetricDoc("gpu_monitor_cleaning_state", "gauge", ("state",),
               "The check between workloads (docs/cleaning.md): 1 for the cleaner's state now "
-              "(provisioning, in_use, waiting, cleaning, retrying, failed, clean, quarantined; "
-              "off before its first pass), 0 for the others."),
+              "(provisioning, in_use, waiting, cleaning, retrying, failed, clean, unclean, "
+              "quarantined; off before its first pass), 0 for the others."),
     MetricDoc("gpu_monitor_cleaning_runs_total", "counter", ("verdict",),
               "Suite runs on the held node by verdict; unknown counts runs stopped by the "
               "budget or a lost hold, and images that cannot run the suite."),
     MetricDoc("gpu_monitor_cleaning_releases_total", "counter", (),
               "Holds deleted after a pass: the node was given back to workloads."),
+    MetricDoc("gpu_monitor_cleaning_given_back_total", "counter", (),
+              "Nodes given back to workloads without a pass: a failed run no quarantine took "
+              "over within cleaning.retry_after_s (remediation off, in dry-run, the breaker), or "
+              "cleaning.max_attempts runs without an answer. Kept in the state store."),
     MetricDoc("gpu_monitor_cleaning_missed_total", "counter", (),
               "Workloads that started on the node before it was cleaned since the one before "
               "(the race the hold cannot close; docs/cleaning.md#the-race-that-remains). Kept "
@@ -65,6 +69,7 @@ def cleaning_collector(cleaner: Cleaner, suite: HeldSuite | None = None
             runs.add_metric([v.value], float(counts.runs.get(v.value, 0)))
         yield runs
         for name, value in (("gpu_monitor_cleaning_releases_total", counts.released),
+                            ("gpu_monitor_cleaning_given_back_total", mem.given_back),
                             ("gpu_monitor_cleaning_missed_total", mem.missed),
                             ("gpu_monitor_cleaning_api_errors_total", counts.errors)):
             yield CounterMetricFamily(_base(name), _HELP[name], value=float(value))

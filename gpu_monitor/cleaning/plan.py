@@ -24,6 +24,7 @@ from gpu_monitor.model import Verdict, iso, parse_iso
 RELEASED = "Passed"
 QUARANTINED = "Quarantined"
 REFUSED = "Refused"
+GIVEN_BACK = "NotPassed"  # no pass, and no quarantine took the node: back to work, uncleaned
 
 #: The cleaner's state, as metrics and ``gpu-monitor status`` say it.
 STATE_OFF = "off"
@@ -34,6 +35,7 @@ STATE_RETRYING = "retrying"      # the suite could not give an answer; held, tri
 STATE_FAILED = "failed"          # the suite failed; held until quarantine, or a later pass
 STATE_CLEAN = "clean"            # passed since the last workload; not held
 STATE_QUARANTINED = "quarantined"
+STATE_UNCLEAN = "unclean"        # given back without a pass; cleaned after its next workload
 STATE_PROVISIONING = "provisioning"  # the bootstrap gate has not passed: it cleans the node
 
 @dataclass(frozen=True)
@@ -76,9 +78,11 @@ class Memory:
     idle_since: datetime | None = None  # when the node was last seen with no GPU workload
     attempts: int = 0                   # suite runs without an answer since the hold bound
     next_try: datetime | None = None    # after an unknown: not before this
-    held_failed: bool = False           # the last run failed: held (quarantine or a pass ends it)
+    held_failed: bool = False           # the last run failed: held for remediation's answer
     last_clean: datetime | None = None
     missed: int = 0  # workloads that started on a node not cleaned since the one before
+    given_up: bool = False  # given back without a pass: not held again before a workload ran
+    given_back: int = 0     # times a node was given back without a pass
 
     def to_json(self) -> dict:
         def t(v: datetime | None) -> str | None:
@@ -86,7 +90,8 @@ class Memory:
         return {"dirty": self.dirty, "idle_since": t(self.idle_since),
                 "attempts": self.attempts, "next_try": t(self.next_try),
                 "held_failed": self.held_failed, "last_clean": t(self.last_clean),
-                "missed": self.missed}
+                "missed": self.missed, "given_up": self.given_up,
+                "given_back": self.given_back}
 
     @classmethod
     def from_json(cls, data: dict) -> Memory:
@@ -95,7 +100,8 @@ class Memory:
         return cls(dirty=bool(data.get("dirty", True)), idle_since=t(data.get("idle_since")),
                    attempts=int(data.get("attempts") or 0), next_try=t(data.get("next_try")),
                    held_failed=bool(data.get("held_failed")), last_clean=t(data.get("last_clean")),
-                   missed=int(data.get("missed") or 0))
+                   missed=int(data.get("missed") or 0), given_up=bool(data.get("given_up")),
+                   given_back=int(data.get("given_back") or 0))
 
 
 @dataclass(frozen=True)
@@ -165,7 +171,7 @@ def step(view: NodeView, mem: Memory, now: datetime) -> Step:
     if view.workloads:
         missed = _missed(view, mem)
         mem = replace(mem, dirty=True, idle_since=None, attempts=0, next_try=None,
-                      held_failed=False, missed=mem.missed + missed)
+                      held_failed=False, given_up=False, missed=mem.missed + missed)
         if hold is None:
             return Step(STATE_IN_USE, create, mem, missed)
         return Step(STATE_IN_USE, (), mem, missed)
@@ -179,30 +185,48 @@ def step(view: NodeView, mem: Memory, now: datetime) -> Step:
         # A hold still there on a clean node is one a killed daemon had not deleted yet after
         # recording the pass: it is given back now.
         return Step(STATE_CLEAN, (DeleteHold(RELEASED),) if hold else (), mem)
+    if mem.given_up:
+        return Step(STATE_UNCLEAN, (DeleteHold(GIVEN_BACK),) if hold else (), mem)
     if hold is None:
         return Step(STATE_WAITING, create, mem)
     if not (hold.bound and hold.running):
         return Step(STATE_WAITING, (), mem)
     if mem.next_try is not None and now < mem.next_try:
         return Step(STATE_FAILED if mem.held_failed else STATE_RETRYING, (), mem)
+    if mem.held_failed:
+        # Remediation had retry_after_s to quarantine the node and did not (off, dry-run, the
+        # fleet's breaker, a hysteresis): taking nodes out of service is its decision, behind
+        # its breaker, never the cleaner's alone. Back to work, uncleaned.
+        return _give_back(mem)
     return Step(STATE_CLEANING, (RunSuite(mem.attempts + 1),), mem)
 
 
-def after_suite(mem: Memory, verdict: Verdict, now: datetime, *, retry_after_s: float) -> Step:
+def _give_back(mem: Memory) -> Step:
+    mem = replace(mem, attempts=0, next_try=None, held_failed=False, given_up=True,
+                  given_back=mem.given_back + 1)
+    return Step(STATE_UNCLEAN, (DeleteHold(GIVEN_BACK),), mem)
+
+
+def after_suite(mem: Memory, verdict: Verdict, now: datetime, *, retry_after_s: float,
+                max_attempts: int = 3) -> Step:
     """What a finished suite run means: a pass releases the node; a fail keeps it held for
-    remediation (the results are in the store like any bootstrap's); an unknown (a required
-    check could not run, or the budget ran out) is no pass: held, tried again later."""
+    ``retry_after_s`` while remediation (which has the results, stored like any bootstrap's)
+    quarantines it, then gives it back; an unknown (a required check could not run, the budget
+    ran out, the hold was lost) is no pass: held and tried again after ``retry_after_s``, up to
+    ``max_attempts`` runs, then given back. The cleaner never keeps a node out of service past
+    that on its own: a fleet-wide fault (a tool missing everywhere, a threshold too strict)
+    must not hold every node."""
     if verdict is Verdict.HEALTHY:
         mem = replace(mem, dirty=False, attempts=0, next_try=None, held_failed=False,
                       last_clean=now)
         return Step(STATE_CLEAN, (DeleteHold(RELEASED),), mem)
     if verdict is Verdict.UNHEALTHY:
-        # Remediation sees the failed results and quarantines (then the cleaner steps aside);
-        # without it (off, dry-run, a hysteresis not met) the node stays held and the suite is
-        # tried again: a pass, and only a pass, releases it.
+        # Remediation sees the failed results and quarantines (then the cleaner steps aside).
         mem = replace(mem, attempts=0, held_failed=True,
                       next_try=now + timedelta(seconds=retry_after_s))
         return Step(STATE_FAILED, (), mem)
+    if mem.attempts + 1 >= max_attempts:
+        return _give_back(mem)
     mem = replace(mem, attempts=mem.attempts + 1,
                   next_try=now + timedelta(seconds=retry_after_s))
     return Step(STATE_RETRYING, (), mem)

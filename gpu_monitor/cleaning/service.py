@@ -87,7 +87,8 @@ def build(cfg: CleaningConfig, node: str, store: Any, *, kube: Callable[[], Any]
     spec = HoldSpec(namespace=hold_namespace(cfg, env), image=cfg.hold_image,
                     priority_class=cfg.priority_class)
     cleaner = Cleaner(kube, node, store, run_suite=suite, quarantined=quarantined,
-                      provisioning=provisioning, spec=spec, budget_s=cfg.budget_s, retry_after_s=cfg.retry_after_s,
+                      provisioning=provisioning, spec=spec, budget_s=cfg.budget_s,
+                      retry_after_s=cfg.retry_after_s, max_attempts=cfg.max_attempts,
                       clock=clock)
     return Service(cleaner, suite, cfg.interval_s, stop)
 

@@ -197,3 +197,28 @@ def test_a_crashing_suite_is_unknown_and_never_takes_the_loop_down(
     assert step is not None and step.state == plan.STATE_RETRYING
     assert "worker exploded" in c.counts.last_error
     assert running(fake_api, "gpu-monitor", hold_name(NODE))
+
+
+def test_a_failed_node_no_quarantine_takes_goes_back_to_work_and_is_cleaned_after_it(
+        fake_api, kube, node, scheduler, store) -> None:
+    """Remediation off, in dry-run or behind a tripped breaker: the cleaner does not keep the
+    node out of service on its own; the waiting workload gets it, and its end is cleaned."""
+    suite = Suite()
+    suite.verdict = Verdict.UNHEALTHY
+    c = cleaner(kube, store, suite, retry_after_s=0.0)
+    c.tick()
+    wait_for(lambda: running(fake_api, "gpu-monitor", hold_name(NODE)), "the hold running")
+    workload(kube, "train-0")
+    tick_through_a_run(c, suite)
+    assert c.counts.state == plan.STATE_FAILED
+    assert c.tick().actions == (plan.DeleteHold(plan.GIVEN_BACK),)
+    assert (c.counts.state, c.memory().given_back, c.memory().dirty) == (
+        plan.STATE_UNCLEAN, 1, True)
+    wait_for(lambda: running(fake_api, "team", "train-0"), "train-0 gets the node")
+    assert c.tick().state == plan.STATE_IN_USE  # and the hold queues behind it again
+    wait_for(lambda: fake_api.pod("gpu-monitor", hold_name(NODE)) is not None, "a new hold")
+    finish(kube, "train-0")
+    wait_for(lambda: running(fake_api, "gpu-monitor", hold_name(NODE)), "the hold running")
+    suite.verdict = Verdict.HEALTHY
+    tick_through_a_run(c, suite)
+    assert c.counts.state == plan.STATE_CLEAN and suite.runs == 2

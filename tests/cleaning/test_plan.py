@@ -56,11 +56,14 @@ def view(*workloads: Workload, hold: Hold | None = None, quarantined: bool = Fal
     # a gate pass from before the node was last in use is no clean of this idle spell
     (NodeView((), None, False, provisioned_at=T0 - timedelta(seconds=9)),
      Memory(idle_since=T0 - timedelta(seconds=5)), plan.STATE_WAITING, (CreateHold(),)),
-    # a failed run keeps the node held; tried again after the wait (a pass alone releases)
+    # a failed run keeps the node held for remediation's answer; none by then: given back
     (view(hold=BOUND), Memory(held_failed=True, next_try=T0 + timedelta(seconds=1)),
      plan.STATE_FAILED, ()),
-    (view(hold=BOUND), Memory(held_failed=True, next_try=T0), plan.STATE_CLEANING,
-     (RunSuite(1),)),
+    (view(hold=BOUND), Memory(held_failed=True, next_try=T0), plan.STATE_UNCLEAN,
+     (DeleteHold(plan.GIVEN_BACK),)),
+    # given back uncleaned: not held again (no hold created) until a workload has run
+    (view(), Memory(given_up=True), plan.STATE_UNCLEAN, ()),
+    (view(JOB), Memory(given_up=True), plan.STATE_IN_USE, (CreateHold(),)),
     # an unknown run is tried again, not before its time
     (view(hold=BOUND), Memory(attempts=1, next_try=T0 + timedelta(seconds=1)),
      plan.STATE_RETRYING, ()),
@@ -109,14 +112,27 @@ def test_an_unknown_is_no_pass_and_is_retried_after_the_wait() -> None:
     assert step(view(hold=BOUND), mem, T0 + timedelta(seconds=600)).actions == (RunSuite(2),)
 
 
+def test_max_attempts_unknown_runs_give_the_node_back_uncleaned() -> None:
+    # A fault on every node (a tool missing fleet-wide) must not hold the whole fleet.
+    mem = Memory()
+    for attempt in (1, 2):
+        done = after_suite(mem, Verdict.UNKNOWN, T0, retry_after_s=60, max_attempts=3)
+        assert (done.state, done.memory.attempts) == (plan.STATE_RETRYING, attempt)
+        mem = done.memory
+    done = after_suite(mem, Verdict.UNKNOWN, T0, retry_after_s=60, max_attempts=3)
+    assert (done.state, done.actions) == (plan.STATE_UNCLEAN, (DeleteHold(plan.GIVEN_BACK),))
+    assert (done.memory.given_back, done.memory.attempts, done.memory.dirty) == (1, 0, True)
+
+
 def test_a_fail_holds_until_quarantine_then_the_retest_is_the_cleaning() -> None:
     mem = after_suite(Memory(), Verdict.UNHEALTHY, T0, retry_after_s=60).memory
     assert step(view(hold=BOUND), mem, T0).state == plan.STATE_FAILED
-    # not quarantined (remediation off, or its hysteresis not met): held, and tried again
-    rerun = step(view(hold=BOUND), mem, T0 + timedelta(seconds=60))
-    assert rerun.actions == (RunSuite(1),)
-    assert after_suite(rerun.memory, Verdict.UNHEALTHY, T0 + timedelta(seconds=61),
-                       retry_after_s=60).state == plan.STATE_FAILED
+    # not quarantined within retry_after_s (remediation off, in dry-run, the breaker): taking
+    # the node out of service is remediation's call, so the node is given back, uncleaned
+    back = step(view(hold=BOUND), mem, T0 + timedelta(seconds=60))
+    assert (back.state, back.actions) == (plan.STATE_UNCLEAN, (DeleteHold(plan.GIVEN_BACK),))
+    assert (back.memory.dirty, back.memory.given_up, back.memory.given_back) == (True, True, 1)
+    assert step(view(), back.memory, T0 + timedelta(seconds=61)).actions == ()
     q = step(view(hold=BOUND, quarantined=True), mem, T0)
     assert q.actions == (DeleteHold(plan.QUARANTINED),)
     # returned to service (after a passed retest): clean, not held again, not failed
@@ -143,7 +159,8 @@ def test_a_workload_that_started_on_an_uncleaned_node_is_counted_as_missed() -> 
 
 def test_memory_round_trips_through_json() -> None:
     mem = Memory(dirty=False, idle_since=T0, attempts=2, next_try=T0 + timedelta(seconds=5),
-                 held_failed=True, last_clean=T0 - timedelta(days=1), missed=3)
+                 held_failed=True, last_clean=T0 - timedelta(days=1), missed=3, given_up=True,
+                 given_back=2)
     assert Memory.from_json(mem.to_json()) == mem
     assert Memory.from_json({}) == Memory()
 
