@@ -25,6 +25,7 @@ from gpu_monitor.fabric.idle import (
     pod_gpu_request,
     pod_holds_gpus,
 )
+from gpu_monitor.fabric.idle import is_ours as is_fabric_pod
 from gpu_monitor.model import parse_iso
 
 LABEL_NODE = PREFIX + "node"
@@ -116,10 +117,13 @@ def node_view(node: str, pods_on_node: Iterable[Mapping[str, Any]],
               resource: str = GPU_RESOURCE, provisioning: bool = False,
               provisioned_at: datetime | None = None) -> NodeView:
     """What ``plan.step`` reads: the workloads holding the node's GPUs (bound, not finished;
-    a terminating pod still holds them), and our hold as the API server has it."""
+    a terminating pod still holds them), and our hold as the API server has it. gpu-monitor's
+    own pods are no workload: the hold, and the fabric scheduler's probes and idle checks (they
+    test the node; they leave nothing of a customer's behind, and while they hold the GPUs the
+    hold cannot bind, so no suite runs beside them)."""
     workloads = []
     for p in pods_on_node:
-        if is_hold(p) or not pod_holds_gpus(p, resource):
+        if is_hold(p) or is_fabric_pod(p) or not pod_holds_gpus(p, resource):
             continue
         meta = p.get("metadata") or {}
         workloads.append(Workload(str(meta.get("namespace") or ""), str(meta.get("name") or ""),

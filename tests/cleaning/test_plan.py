@@ -199,3 +199,23 @@ def test_a_cleaner_without_an_api_server_counts_each_pass_and_logs_once(tmp_path
         assert len([r for r in caplog.records if "passes on n1 fail" in r.message]) == 1
     finally:
         store.close()
+
+
+def test_gpu_monitors_own_pods_are_no_workload() -> None:
+    from gpu_monitor.cleaning.hold import HoldSpec, build_hold_pod, node_view
+    from gpu_monitor.fabric.idle import COMPONENT_IDLE_CHECK, LABEL_COMPONENT, LABEL_MANAGED_BY
+    from gpu_monitor.fabric.idle import MANAGER as FABRIC
+
+    def pod(name: str, labels: dict) -> dict:
+        return {"metadata": {"name": name, "namespace": "gpu-monitor", "labels": labels},
+                "spec": {"nodeName": "n1", "containers": [
+                    {"name": "c", "resources": {"requests": {"nvidia.com/gpu": "8"}}}]},
+                "status": {"phase": "Running", "startTime": "2026-01-01T00:00:00Z"}}
+
+    idle_check = pod("idle-1", {LABEL_MANAGED_BY: FABRIC, LABEL_COMPONENT: COMPONENT_IDLE_CHECK})
+    hold = build_hold_pod("n1", 8, HoldSpec())
+    customer = pod("train-0", {})
+    customer["metadata"]["namespace"] = "team"
+    v = node_view("n1", [idle_check, hold, customer], hold, quarantined=False)
+    assert [w.name for w in v.workloads] == ["train-0"]
+    assert node_view("n1", [idle_check], None, quarantined=False).workloads == ()
