@@ -134,15 +134,16 @@ class Cleaner:
         return None
 
     def _error(self, text: str, exc: BaseException | None = None) -> None:
-        """Count every failed pass; log an error when it is new (a traceback for one that is
-        not an API error), not every pass of a daemon that cannot reach its API server."""
+        """Count every failed pass; log an error when it is new (its traceback at debug), not
+        every pass of a daemon that cannot reach its API server."""
         self.counts.errors += 1
         self.counts.last_error = text[:300]
         if text != self._failing:
             self._failing = text
             log.warning("cleaning: passes on %s fail: %s (logged once while it lasts; each "
-                        "counted in gpu_monitor_cleaning_api_errors_total)", self.node, text,
-                        exc_info=exc)
+                        "counted in gpu_monitor_cleaning_api_errors_total)", self.node, text)
+            if exc is not None:
+                log.debug("cleaning: the failed pass", exc_info=exc)
 
     def _tick(self) -> plan.Step:
         mem = self.memory()
