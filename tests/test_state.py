@@ -296,6 +296,27 @@ def test_xid_events_are_idempotent_and_counted_once(store, clock, fixtures_dir):
     assert store.xid_events() == events
 
 
+def test_the_history_mark_reads_data_version_once_per_write_transaction(store, db_path,
+                                                                          clock):
+    """Inside a batch no other connection can commit, so the mark's data_version is read once
+    per transaction; between transactions another writer's commit still changes the mark."""
+    pragmas: list[str] = []
+    store._conn.set_trace_callback(
+        lambda sql: pragmas.append(sql) if "data_version" in sql else None)
+    with store.batch():
+        first = store.xid_history_mark("xid")
+        assert store.add_xid_event(XidEvent(BOOT_A, 1, clock.now(), 13, "0000:19:00.0"))
+        assert store.xid_history_mark("xid") == first.plus(1)
+    assert len(pragmas) == 1
+    before = store.xid_history_mark("xid")
+    with Store.open(db_path, clock) as other:
+        other.add_xid_event(XidEvent(BOOT_A, 2, clock.now(), 13, "0000:19:00.0"))
+    with store.batch():
+        after = store.xid_history_mark("xid")
+    assert after.others != before.others and after.added == before.added
+    assert len(pragmas) == 3
+
+
 def test_xid_event_canonicalises_the_pci_address_from_the_log():
     e = XidEvent(BOOT_A, 1, FakeClock().now(), 79, "PCI:0000:91:00")
     assert e.pci_bus_id == "0000:91:00.0"
