@@ -114,6 +114,11 @@ class Context:
     # Inside the daemon: the boot id its kernel-log follower read once when it opened the log
     # (None: read /proc each time). A boot id changes only with a reboot, which ends the daemon.
     kmsg_boot_id: str | None = None
+    # ``setting`` answers per (check, key) for the config and profile they were read from.
+    _settings: dict[tuple[str, str], Any] = field(default_factory=dict, init=False,
+                                                  repr=False, compare=False)
+    _settings_of: tuple[Any, Any, bool] | None = field(default=None, init=False, repr=False,
+                                                 compare=False)
 
     def required(self, check: Check | type[Check]) -> bool:
         """Whether a bootstrap must run ``check``: ``checks.<name>.required`` from the config,
@@ -133,11 +138,40 @@ class Context:
         from gpu_monitor.profiles import setting_spec
 
         setting_spec(check, key)
-        value = self.config.check_setting(check, key)
-        if value is not None:
-            return value
-        value = self.profile.check_setting(check, key)
+        cache = self._settings_cache()
+        if cache is not None and (check, key) in cache:
+            value = cache[check, key]
+        else:
+            value = self.config.check_setting(check, key)
+            if value is None:
+                value = self.profile.check_setting(check, key)
+            if cache is not None:
+                cache[check, key] = value
         return default if value is None else value
+
+    def _settings_cache(self) -> dict[tuple[str, str], Any] | None:
+        """The answers read from this config and profile, when neither can change (a frozen
+        ``Config`` whose check blocks are read-only mappings, and a ``Profile``, whose data is
+        frozen): the follower asks a few settings per event. None otherwise (a stub, a config
+        built with plain dicts), and a new config or profile assigned starts a new cache."""
+        of = self._settings_of
+        if of is not None and of[0] is self.config and of[1] is self.profile:
+            return self._settings if of[2] else None
+        self._settings = {}
+        self._settings_of = (self.config, self.profile, _immutable(self.config, self.profile))
+        return self._settings if self._settings_of[2] else None
+
+
+def _immutable(config: Any, profile: Any) -> bool:
+    """Whether ``Context.setting`` may keep what it read from these (see there)."""
+    from gpu_monitor.config import Config
+    from gpu_monitor.profiles.profile import Profile
+
+    checks = getattr(config, "checks", None)
+    return (type(config) is Config and type(profile) is Profile
+            and isinstance(checks, MappingProxyType)
+            and all(isinstance(block, MappingProxyType) for block in checks.values())
+            and isinstance(profile.data, MappingProxyType))
 
 
 class Check:

@@ -193,10 +193,16 @@ NODE = "node"
 # --- results ---------------------------------------------------------------------------------
 
 
+# Exact types that are neither mappings nor sequences to freeze (subclasses take the full path).
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
 def freeze(value: Any, *, str_keys: bool = False) -> Any:
     """Nested dicts/lists -> read-only mappings/tuples, so that a frozen value (a result's
     details, a profile) has no part a reader could change. ``str_keys``: keys become text, as
     they will be in the value's JSON."""
+    if type(value) in _SCALARS:  # most of a result's details: no ABC check per value
+        return value
     if isinstance(value, Mapping):
         return MappingProxyType({(str(k) if str_keys else k): freeze(v, str_keys=str_keys)
                                  for k, v in value.items()})
@@ -208,6 +214,9 @@ def freeze(value: Any, *, str_keys: bool = False) -> Any:
 def thaw(value: Any, *, json_safe: bool = False) -> Any:
     """Read-only mappings/tuples -> plain dicts/lists (fresh copies). ``json_safe``: NaN, which
     JSON cannot carry, becomes None."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return None if json_safe and kind is float and value != value else value
     if isinstance(value, Mapping):
         return {k: thaw(v, json_safe=json_safe) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -21,6 +21,7 @@ Guarantees, in order of importance:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -278,11 +279,27 @@ def run_on_kmsg(check: Check, ctx: Context, record: object) -> RunOutcome | None
         res = _framework_result(check, ctx, Status.UNKNOWN, "CheckCrashed",
                                 f"{check.name} returned a non-Result value: {bad[0]!r:.80}")
         return RunOutcome(check.name, (res,), ctx.clock.now(), 0.0, False, "bad-return")
-    declared = set(check.all_reasons())
+    declared = _declared_reasons(check)
     for r in results:
         if r.reason not in declared:
             ctx.log.warning("check %s emitted undeclared reason %s", check.name, r.reason)
     return RunOutcome(check.name, results, ctx.clock.now(), 0.0, True)
+
+
+@functools.lru_cache(maxsize=256)
+def _reasons_of(cls: type, reasons: tuple[str, ...]) -> frozenset[str]:
+    return frozenset(cls.all_reasons())
+
+
+def _declared_reasons(check: Check) -> frozenset[str] | set[str]:
+    """``set(check.all_reasons())``, built once per check class and its ``reasons`` (the
+    follower asks per event): a class whose ``reasons`` is replaced gets a new entry."""
+    cls = type(check)
+    reasons = getattr(cls, "reasons", None)
+    own = getattr(getattr(cls, "all_reasons", None), "__func__", None)
+    if isinstance(reasons, tuple) and own is Check.all_reasons.__func__:
+        return _reasons_of(cls, reasons)
+    return set(check.all_reasons())  # another rule than Check's, or reasons not a tuple
 
 
 def run_suite(checks: Sequence[Check], ctx: Context, fail_fast: bool = False,

@@ -1,7 +1,11 @@
 import json
+from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
+from types import MappingProxyType
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpu_monitor.model import (
     Action,
@@ -78,6 +82,57 @@ def test_freeze_and_thaw_keep_keys_and_values_as_they_are_unless_asked():
     back = thaw(frozen)
     assert back[1] == [{"x": float("inf")}, 2] and back["nan"] != back["nan"]  # still NaN
     assert thaw(frozen, json_safe=True)["nan"] is None
+
+
+def _freeze_reference(value, *, str_keys=False):
+    """freeze as it was before its scalar fast path: the ABC checks for every value."""
+    if isinstance(value, Mapping):
+        return MappingProxyType({(str(k) if str_keys else k): _freeze_reference(
+            v, str_keys=str_keys) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze_reference(v, str_keys=str_keys) for v in value)
+    return value
+
+
+def _thaw_reference(value, *, json_safe=False):
+    if isinstance(value, Mapping):
+        return {k: _thaw_reference(v, json_safe=json_safe) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_thaw_reference(v, json_safe=json_safe) for v in value]
+    if json_safe and isinstance(value, float) and value != value:
+        return None
+    return value
+
+
+class _Text(str):
+    pass
+
+
+_LEAF = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=5),
+                  st.sampled_from([Status.OK, Action.RESET_GPU, _Text("t"), 3.5j, b"b"]))
+_NESTED = st.recursive(_LEAF, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.lists(inner, max_size=4).map(tuple),
+    st.dictionaries(st.one_of(st.text(max_size=3), st.integers()), inner, max_size=4)),
+    max_leaves=20)
+
+
+def _same(a, b) -> bool:
+    """Equal, type for type, with NaN equal to NaN."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, Mapping):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b or (a != a and b != b)
+
+
+@settings(deadline=None, derandomize=True, max_examples=300)
+@given(_NESTED, st.booleans())
+def test_freeze_and_thaw_give_what_the_full_type_checks_gave(value, flag):
+    assert _same(freeze(value, str_keys=flag), _freeze_reference(value, str_keys=flag))
+    frozen = _freeze_reference(value)
+    assert _same(thaw(frozen, json_safe=flag), _thaw_reference(frozen, json_safe=flag))
 
 
 def test_iso_is_utc_with_z_suffix():

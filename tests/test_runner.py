@@ -4,8 +4,8 @@ import time
 import pytest
 
 from gpu_monitor.check import Check, Context
-from gpu_monitor.model import Kind, Status
-from gpu_monitor.runner import run_check, run_suite
+from gpu_monitor.model import Kind, Result, Status
+from gpu_monitor.runner import run_check, run_on_kmsg, run_suite
 
 
 class _Nvml:
@@ -362,3 +362,26 @@ def test_a_gpu_list_nvml_cannot_give_passes_the_gates_to_the_check(sim_ctx):
     outcome = run_check(InvasiveGpu(), c)  # neither requirement nor gate raises
     assert outcome.success and [r.reason for r in outcome.results] == ["Ok"]
     assert c.host.unmet({"gpu"}, c) == ""
+
+
+class Reports(Check):
+    name = "reports"
+    kinds = frozenset({Kind.BOOTSTRAP})
+    reasons = ("Fine",)
+
+    def on_kmsg(self, record, c):
+        return [Result(check=self.name, status=Status.OK, target="node", reason=record)]
+
+
+def test_run_on_kmsg_warns_of_an_undeclared_reason_and_sees_a_reasons_change(monkeypatch):
+    """The declared reasons are built once per class (the follower's hot path), still from
+    the class's reasons as they are now: replacing them is seen at the next call."""
+    c = ctx()
+    warned: list[tuple] = []
+    monkeypatch.setattr(c.log, "warning", lambda *a: warned.append(a))
+    for reason in ("Fine", "CheckCrashed", "Surprise"):
+        assert run_on_kmsg(Reports(), c, reason).success
+    assert [a[2] for a in warned] == ["Surprise"]
+    monkeypatch.setattr(Reports, "reasons", ("Fine", "Surprise"))
+    assert run_on_kmsg(Reports(), c, "Surprise").success
+    assert len(warned) == 1

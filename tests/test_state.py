@@ -135,6 +135,35 @@ def test_latest_follows_observation_time_not_arrival_order(store, clock):
     assert store.latest_results() == [current]
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_one_run_of_many_results_stores_what_the_results_one_by_one_do(tmp_path, clock, seed):
+    """record_run updates each target's latest result once: the last of the run's results
+    with its greatest time, which is what applying them one by one leaves (ties go to the
+    later, an older one never replaces a newer, an earlier stored one may stay newest)."""
+    import random
+
+    rng = random.Random(seed)
+    t0 = clock.now()
+    earlier = [_result(clock, target=f"gpu:{g}", message="stored before") for g in range(3)]
+    results = [Result(check="xid", status=Status.OK, target=f"gpu:{rng.randrange(3)}",
+                      message=str(i), observed_at=t0 + timedelta(seconds=rng.randrange(-2, 3)))
+               for i in range(rng.randrange(1, 12))]
+    with Store.open(str(tmp_path / "whole.db"), clock) as whole, \
+            Store.open(str(tmp_path / "parts.db"), clock) as parts:
+        for s in (whole, parts):
+            s.record_run(_outcome(clock, *[replace_check(r) for r in earlier], check="xid"))
+        whole.record_run(_outcome(clock, *results))
+        for r in results:
+            parts.record_run(_outcome(clock, r))
+        assert whole.latest_results() == parts.latest_results()
+        assert whole.result_rows() == parts.result_rows()
+
+
+def replace_check(r: Result) -> Result:
+    return Result(check="xid", status=r.status, target=r.target, message=r.message,
+                  observed_at=r.observed_at)
+
+
 def test_result_fields_round_trip_exactly(store, clock):
     r = _result(clock, check="nccl_allreduce", target="node", status=Status.FAILED,
                 reason="BusBandwidthLow", message="busbw 201 GB/s < floor 460 GB/s",
@@ -294,6 +323,27 @@ def test_xid_events_are_idempotent_and_counted_once(store, clock, fixtures_dir):
     assert counts[(4, UUID_91, 79)] == 1
     assert counts[(None, None, 20034)] == sum(e.code == 20034 for e in events)
     assert store.xid_events() == events
+
+
+def test_the_history_mark_reads_data_version_once_per_write_transaction(store, db_path,
+                                                                          clock):
+    """Inside a batch no other connection can commit, so the mark's data_version is read once
+    per transaction; between transactions another writer's commit still changes the mark."""
+    pragmas: list[str] = []
+    store._conn.set_trace_callback(
+        lambda sql: pragmas.append(sql) if "data_version" in sql else None)
+    with store.batch():
+        first = store.xid_history_mark("xid")
+        assert store.add_xid_event(XidEvent(BOOT_A, 1, clock.now(), 13, "0000:19:00.0"))
+        assert store.xid_history_mark("xid") == first.plus(1)
+    assert len(pragmas) == 1
+    before = store.xid_history_mark("xid")
+    with Store.open(db_path, clock) as other:
+        other.add_xid_event(XidEvent(BOOT_A, 2, clock.now(), 13, "0000:19:00.0"))
+    with store.batch():
+        after = store.xid_history_mark("xid")
+    assert after.others != before.others and after.added == before.added
+    assert len(pragmas) == 3
 
 
 def test_xid_event_canonicalises_the_pci_address_from_the_log():

@@ -49,6 +49,7 @@ class Database:
         self._lock = WaitedLock()
         self._tx: str | None = None  # "read" or "write" while this thread holds a transaction
         self._rolled_back = 0  # write transactions undone (what they wrote is not stored)
+        self._tx_data_version: int | None = None  # data_version, read once per write transaction
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -189,6 +190,7 @@ class Database:
                 self._end_stale_transaction(conn)
                 conn.execute("BEGIN IMMEDIATE")
                 self._tx = "write"
+                self._tx_data_version = None
                 try:
                     yield conn
                     conn.execute("COMMIT")
@@ -198,8 +200,21 @@ class Database:
                     raise
                 finally:
                     self._tx = None
+                    self._tx_data_version = None
             except sqlite3.Error as exc:
                 raise classify(exc, self._path, opening=False) from exc
+
+    def _data_version(self, conn: sqlite3.Connection) -> int:
+        """SQLite's ``PRAGMA data_version`` (it changes when another connection commits).
+        Inside this connection's write transaction it is read once: no other connection can
+        commit while this one holds the write lock (``BEGIN IMMEDIATE``), so every reading in
+        the transaction would give the same value (the follower asks twice per Xid event)."""
+        if self._tx == "write" and self._tx_data_version is not None:
+            return self._tx_data_version
+        version = int(conn.execute("PRAGMA data_version").fetchone()[0])
+        if self._tx == "write":
+            self._tx_data_version = version
+        return version
 
     @contextmanager
     def batch(self) -> Iterator[None]:

@@ -148,7 +148,7 @@ class KernelLogTables(Database):
     def xid_history_mark(self, kind: str) -> XidHistoryMark:
         """The stored events of ``kind`` now, as an :class:`XidHistoryMark`."""
         with self._read() as c:
-            data_version = int(c.execute("PRAGMA data_version").fetchone()[0])
+            data_version = self._data_version(c)
         return XidHistoryMark((data_version, self._rolled_back, self._xid_prunes),
                               self._xid_added[kind])
 

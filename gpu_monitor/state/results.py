@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from gpu_monitor.model import Action, Result, Status
+from gpu_monitor.model import Action, Result, Status, thaw
 from gpu_monitor.state.connection import Database
 from gpu_monitor.state.encoding import dumps, from_us, to_us
 
@@ -42,23 +42,33 @@ class ResultTables(Database):
     """``results``, ``latest_results``, ``runs`` and ``reason_counters``."""
 
     def record_run(self, outcome: RunOutcome) -> None:
-        """Store a run's results, count their reasons and remember the run, atomically."""
+        """Store a run's results, count their reasons and remember the run, atomically.
+
+        Each target's newest result is what ``latest_results`` points at, as if each result
+        were applied in turn (a later one wins a tie, an older one never replaces a newer):
+        that is the last of the run's results with the target's greatest time, so one update
+        per target says it (a follower's batch holds many results per GPU)."""
         rows = []
         for r in outcome.results:
             rows.append((r.check, r.target, r.status.value, r.reason, r.message,
-                         dumps(r.to_dict()["details"]), r.action.value, to_us(r.observed_at)))
+                         dumps(thaw(r.details, json_safe=True)), r.action.value,
+                         to_us(r.observed_at)))
         started = to_us(outcome.started_at)
         with self._write() as c:
+            newest: dict[tuple[str, str], tuple[int, int]] = {}
             for row in rows:
                 rid = c.execute(
                     "INSERT INTO results (check_name, target, status, reason, message, details,"
                     " action, observed_us) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row).lastrowid
-                c.execute(
-                    "INSERT INTO latest_results (check_name, target, result_id, observed_us)"
-                    " VALUES (?, ?, ?, ?) ON CONFLICT (check_name, target) DO UPDATE SET"
-                    " result_id = excluded.result_id, observed_us = excluded.observed_us"
-                    " WHERE excluded.observed_us >= latest_results.observed_us",
-                    (row[0], row[1], rid, row[7]))
+                held = newest.get((row[0], row[1]))
+                if held is None or row[7] >= held[1]:
+                    newest[(row[0], row[1])] = (rid, row[7])
+            c.executemany(
+                "INSERT INTO latest_results (check_name, target, result_id, observed_us)"
+                " VALUES (?, ?, ?, ?) ON CONFLICT (check_name, target) DO UPDATE SET"
+                " result_id = excluded.result_id, observed_us = excluded.observed_us"
+                " WHERE excluded.observed_us >= latest_results.observed_us",
+                [(check, target, rid, at) for (check, target), (rid, at) in newest.items()])
             counts = Counter((r.check, r.reason) for r in outcome.results)
             c.executemany(
                 "INSERT INTO reason_counters (check_name, reason, count) VALUES (?, ?, ?)"

@@ -20,6 +20,7 @@ from gpu_monitor.hw.kmsg.record import (
     KmsgGap,
     KmsgRecord,
 )
+from gpu_monitor.hw.kmsg.runs import PlainRuns
 from gpu_monitor.hw.kmsg.text import (
     LineAssembler,
 )
@@ -176,7 +177,10 @@ class KmsgFileSource:
     (``kmsg_scan``), applied as lines arrive. A record is still whole: a skipped head is kept
     (with up to :data:`HELD_HEAD_BYTES` of its continuation lines) until the next head, and a
     continuation holding a literal brings it back, parsed. Lines that are not UTF-8 or hold a
-    NUL are parsed anyway, so each is still one ``"malformed"`` record (contract 2).
+    NUL are parsed anyway, so each is still one ``"malformed"`` record (contract 2). While a
+    skipped head is held, the run of plain lines after it is skipped at once
+    (:class:`~gpu_monitor.hw.kmsg.runs.PlainRuns`: a few searches over the buffer, not Python per
+    line), with exactly the outcome of skipping them one by one (``skip_runs = False``).
     """
 
     def __init__(self, path: str, from_start: bool = True):
@@ -192,6 +196,7 @@ class KmsgFileSource:
         self._head: list[tuple[bytes, int, int]] | None = None  # skipped head (+ its lines)
         self._head_bytes = 0
         self.lines_skipped = 0
+        self.skip_runs = True  # False: every line through _skip (the reference the tests use)
         self._open(seek_end=not from_start)
 
     def select(self, literals: Iterable[str]) -> None:
@@ -253,6 +258,8 @@ class KmsgFileSource:
         base = self._offset - len(buf)  # the file offset of buf[0]
         pos = 0
         done = True
+        runs = None if self._wanted is None or not self.skip_runs else PlainRuns(
+            buf, self._wanted)
         while True:
             if max_records is not None and len(out) >= max_records:
                 done = False
@@ -278,6 +285,11 @@ class KmsgFileSource:
                         self._head = None
                     self._emit(out, asm.feed(bytes(buf[pos:nl])))
             pos = nl + 1
+            # A skipped head held (and nothing in the assembler: an over-long line leaves
+            # one there) and room for a record: what follows may be skipped a run at a time.
+            if runs is not None and self._head is not None and not asm.holding and (
+                    max_records is None or len(out) < max_records):
+                pos = self._skip_run(runs, buf, pos, base)
         if pos:
             del buf[:pos]
         if self._skipping:
@@ -319,6 +331,23 @@ class KmsgFileSource:
         self._head = [(line, asm.line_no, base + pos)]
         self._head_bytes = len(line)
         return True
+
+    def _skip_run(self, runs: PlainRuns, buf: bytearray, pos: int, base: int) -> int:
+        """Skip the run of plain lines from ``pos`` at once (``runs.end``): exactly what
+        :meth:`_skip` does to each in turn -- while a skipped head is held nothing else is, so
+        each only counts its line and becomes the held head -- for a few searches per run
+        instead of Python per line. Returns the offset where the per-line path goes on."""
+        end = runs.end(pos)
+        if end <= pos:
+            return pos
+        lines = buf.count(b"\n", pos, end)
+        last = buf.rfind(b"\n", pos, end - 1) + 1 or pos  # the run's last line
+        self._asm.line_no += lines
+        self.lines_skipped += lines
+        line = bytes(buf[last : end - 1])
+        self._head = [(line, self._asm.line_no, base + last)]
+        self._head_bytes = len(line)
+        return end
 
     def _unskip(self, out: list[KmsgRecord | KmsgGap]) -> None:
         """Parse the skipped head and its kept lines (a later continuation holds a literal)."""
