@@ -17,7 +17,7 @@ from typing import Any
 
 from gpu_monitor.cleaning.plan import Hold, NodeView, Workload
 from gpu_monitor.config import CleaningConfig
-from gpu_monitor.fabric.idle import (
+from gpu_monitor.fabric.pods import (
     GPU_RESOURCE,
     LABEL_COMPONENT,
     LABEL_MANAGED_BY,
@@ -25,7 +25,7 @@ from gpu_monitor.fabric.idle import (
     pod_gpu_request,
     pod_holds_gpus,
 )
-from gpu_monitor.fabric.idle import is_ours as is_fabric_pod
+from gpu_monitor.fabric.pods import is_ours as is_fabric_pod
 from gpu_monitor.model import parse_iso
 
 LABEL_NODE = PREFIX + "node"

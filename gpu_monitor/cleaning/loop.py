@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from gpu_monitor.cleaning import plan
 from gpu_monitor.cleaning.hold import HoldSpec, build_hold_pod, hold_name, node_view
 from gpu_monitor.clock import Clock
-from gpu_monitor.fabric.idle import node_gpus
+from gpu_monitor.fabric.pods import node_gpus
 from gpu_monitor.kube.errors import KubeError
 from gpu_monitor.model import Verdict
 

@@ -44,6 +44,24 @@ from gpu_monitor.fabric.job_parts import (
     standard_labels,
     with_cpu_memory,
 )
+from gpu_monitor.fabric.pods import (  # the pure pod and node helpers, shared
+    ANNOTATION_CHECKS,
+    ANNOTATION_NODES,
+    COMPONENT_IDLE_CHECK,
+    DEFAULT_TAINT_KEY,
+    GPU_RESOURCE,
+    HEALTHY_STATES,
+    HOSTNAME_LABEL,
+    LABEL_EXCLUDE,
+    LABEL_PROBE_ID,
+    LABEL_PROBE_KIND,
+    LABEL_STATE,
+    MANAGER,
+    PREFIX,
+    is_ours,
+    node_gpus,
+    pod_holds_gpus,
+)
 from gpu_monitor.hw.paths import DEFAULT_REPORT_DIR
 from gpu_monitor.kube.client import Kube
 from gpu_monitor.kube.config import load_api_client
@@ -52,59 +70,12 @@ from gpu_monitor.remediate.reports import GROUP, PLURAL, VERSION, report_object
 
 log = logging.getLogger(__name__)
 
-GPU_RESOURCE = "nvidia.com/gpu"
-PREFIX = "gpu-monitor.io/"
-LABEL_STATE = PREFIX + "state"  # remediate.k8s.node.LABEL_STATE (not imported: no kubernetes)
-LABEL_EXCLUDE = PREFIX + "exclude"
-DEFAULT_TAINT_KEY = PREFIX + "unhealthy"
-HEALTHY_STATES = frozenset({"", "healthy"})
-HOSTNAME_LABEL = "kubernetes.io/hostname"
-
-# Labels and annotations on the Jobs and pods gpu-monitor launches.
-LABEL_NAME = "app.kubernetes.io/name"
-LABEL_COMPONENT = "app.kubernetes.io/component"
-LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
-LABEL_PROBE_ID = PREFIX + "probe-id"
-LABEL_PROBE_KIND = PREFIX + "probe-kind"
-ANNOTATION_NODES = PREFIX + "probe-nodes"
-ANNOTATION_GROUP = PREFIX + "probe-group"
-ANNOTATION_CHECKS = PREFIX + "checks"
-COMPONENT_PROBE = "fabric-probe"
-COMPONENT_IDLE_CHECK = "idle-check"
-MANAGER = "gpu-monitor-fabric-scheduler"
-
 PRIORITY_CLASS = "gpu-monitor-idle-check"
 DEFAULT_CHECKS = ("dcgm_diag", "burn_in", "nccl_allreduce", "sdc_probe")
 SUMMARY_KIND = "ActiveCheckSummary"
 SUMMARY_SCHEMA = 1
 
-_DONE_PHASES = frozenset({"Succeeded", "Failed"})
-
-
 # --- node facts (pure) -------------------------------------------------------------------------
-
-
-def quantity(value: Any) -> int:
-    """An integer resource quantity (``"8"``, ``8``, ``"8k"`` is not a GPU count: 0)."""
-    try:
-        return int(str(value))
-    except (TypeError, ValueError):
-        return 0
-
-
-def pod_gpu_request(pod: Mapping[str, Any], resource: str = GPU_RESOURCE) -> int:
-    """GPUs the pod holds: the largest of its app containers' total and any init
-    container's (the scheduler's effective request)."""
-    spec = pod.get("spec") or {}
-
-    def want(c: Mapping[str, Any]) -> int:
-        res = c.get("resources") or {}
-        return max(quantity((res.get("requests") or {}).get(resource)),
-                   quantity((res.get("limits") or {}).get(resource)))
-
-    apps = sum(want(c) for c in spec.get("containers") or [])
-    inits = max((want(c) for c in spec.get("initContainers") or []), default=0)
-    return max(apps, inits)
 
 
 def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
@@ -135,23 +106,6 @@ def slim_node(node: Mapping[str, Any]) -> dict[str, Any]:
         "status": {k: status[k] for k in ("allocatable", "capacity", "conditions")
                    if k in status},
     }
-
-
-def pod_holds_gpus(pod: Mapping[str, Any], resource: str = GPU_RESOURCE) -> bool:
-    """Bound, not finished, and requesting GPUs (a terminating pod still holds them)."""
-    if (pod.get("status") or {}).get("phase") in _DONE_PHASES:
-        return False
-    return bool((pod.get("spec") or {}).get("nodeName")) and pod_gpu_request(pod, resource) > 0
-
-
-def is_ours(pod_or_job: Mapping[str, Any]) -> bool:
-    labels = (pod_or_job.get("metadata") or {}).get("labels") or {}
-    return labels.get(LABEL_MANAGED_BY) == MANAGER
-
-
-def node_gpus(node: Mapping[str, Any], resource: str = GPU_RESOURCE) -> int:
-    status = node.get("status") or {}
-    return quantity((status.get("allocatable") or status.get("capacity") or {}).get(resource))
 
 
 def tolerates(tolerations: Iterable[Mapping[str, Any]], taint: Mapping[str, Any]) -> bool:

@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_monitor.fabric.bisect import FAIL, Bisection, PlannedProbe
-from gpu_monitor.fabric.idle import (
+from gpu_monitor.fabric.plan import KINDS, ProbeState, job_condition
+from gpu_monitor.fabric.pods import (
     ANNOTATION_GROUP,
     ANNOTATION_NODES,
     LABEL_PROBE_ID,
     LABEL_PROBE_KIND,
 )
-from gpu_monitor.fabric.plan import KINDS, ProbeState, job_condition
 
 
 @dataclass

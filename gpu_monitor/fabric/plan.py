@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_monitor.fabric.bisect import ABANDONED, FAIL, PASS, UNKNOWN
-from gpu_monitor.fabric.idle import (
+from gpu_monitor.fabric.idle import NodeFacts, parse_active_summary
+from gpu_monitor.fabric.job_parts import ensure_shm, standard_labels, with_cpu_memory
+from gpu_monitor.fabric.pods import (
     ANNOTATION_GROUP,
     ANNOTATION_NODES,
     COMPONENT_PROBE,
@@ -22,10 +24,7 @@ from gpu_monitor.fabric.idle import (
     LABEL_PROBE_ID,
     LABEL_PROBE_KIND,
     MANAGER,
-    NodeFacts,
-    parse_active_summary,
 )
-from gpu_monitor.fabric.job_parts import ensure_shm, standard_labels, with_cpu_memory
 from gpu_monitor.fabric.probe_result import parse_summary
 from gpu_monitor.fabric.scheduler_settings import SchedulerSettings
 

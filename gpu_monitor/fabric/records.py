@@ -23,7 +23,7 @@ from typing import Any
 
 from gpu_monitor.fabric.api import FabricApi
 from gpu_monitor.fabric.bisect import PASS
-from gpu_monitor.fabric.idle import LABEL_MANAGED_BY, LABEL_NAME, MANAGER
+from gpu_monitor.fabric.pods import LABEL_MANAGED_BY, LABEL_NAME, MANAGER
 from gpu_monitor.kube.errors import KubeError
 from gpu_monitor.model import iso, parse_iso
 

@@ -51,9 +51,6 @@ from gpu_monitor.fabric.api import FabricApi
 from gpu_monitor.fabric.bisect import ABANDONED, FAIL, PASS, UNKNOWN, Bisection, PlannedProbe
 from gpu_monitor.fabric.cache import ListWatchCache
 from gpu_monitor.fabric.idle import (
-    LABEL_MANAGED_BY,
-    LABEL_PROBE_ID,
-    MANAGER,
     ActiveCheckSpec,
     IdleTracker,
     NodeFacts,
@@ -73,6 +70,7 @@ from gpu_monitor.fabric.plan import (
     probe_state,
     render_probe_job,
 )
+from gpu_monitor.fabric.pods import LABEL_MANAGED_BY, LABEL_PROBE_ID, MANAGER
 from gpu_monitor.fabric.records import NodeRecords
 from gpu_monitor.fabric.scheduler_settings import SchedulerSettings
 from gpu_monitor.kube.errors import KubeError

@@ -13,13 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from gpu_monitor.fabric.idle import (
-    DEFAULT_CHECKS,
-    DEFAULT_TAINT_KEY,
-    GPU_RESOURCE,
-    PRIORITY_CLASS,
-)
+from gpu_monitor.fabric.idle import DEFAULT_CHECKS, PRIORITY_CLASS
 from gpu_monitor.fabric.job_parts import ACTIVE_CHECK_RESOURCES, ACTIVE_CHECK_SHM, PROBE_RESOURCES
+from gpu_monitor.fabric.pods import DEFAULT_TAINT_KEY, GPU_RESOURCE
 
 DEFAULT_TOPOLOGY_LABELS = ("topology.kubernetes.io/rack", "nvidia.com/rail",
                            "network.topology.kubernetes.io/block")

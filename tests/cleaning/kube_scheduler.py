@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import threading
 
-from gpu_monitor.fabric.idle import GPU_RESOURCE, node_gpus, pod_gpu_request
+from gpu_monitor.fabric.pods import GPU_RESOURCE, node_gpus, pod_gpu_request
 from tests.kube.fake_apiserver import FakeApiServer
 
 

@@ -203,8 +203,8 @@ def test_a_cleaner_without_an_api_server_counts_each_pass_and_logs_once(tmp_path
 
 def test_gpu_monitors_own_pods_are_no_workload() -> None:
     from gpu_monitor.cleaning.hold import HoldSpec, build_hold_pod, node_view
-    from gpu_monitor.fabric.idle import COMPONENT_IDLE_CHECK, LABEL_COMPONENT, LABEL_MANAGED_BY
-    from gpu_monitor.fabric.idle import MANAGER as FABRIC
+    from gpu_monitor.fabric.pods import COMPONENT_IDLE_CHECK, LABEL_COMPONENT, LABEL_MANAGED_BY
+    from gpu_monitor.fabric.pods import MANAGER as FABRIC
 
     def pod(name: str, labels: dict) -> dict:
         return {"metadata": {"name": name, "namespace": "gpu-monitor", "labels": labels},

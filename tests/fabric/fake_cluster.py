@@ -24,12 +24,7 @@ from typing import Any
 
 from kubernetes import client
 
-from gpu_monitor.fabric.idle import (
-    ANNOTATION_NODES,
-    LABEL_PROBE_KIND,
-    is_ours,
-    pod_gpu_request,
-)
+from gpu_monitor.fabric.pods import ANNOTATION_NODES, LABEL_PROBE_KIND, is_ours, pod_gpu_request
 from gpu_monitor.fabric.probe_result import summarize
 
 PROBE_PRIORITY = -1000

@@ -21,12 +21,11 @@ from gpu_monitor.fabric.idle import (
     ineligible_reason,
     node_facts,
     parse_active_summary,
-    pod_gpu_request,
-    pod_holds_gpus,
     run_active_checks,
     short_name,
     tolerates,
 )
+from gpu_monitor.fabric.pods import pod_gpu_request, pod_holds_gpus
 
 T0 = datetime(2026, 3, 1, tzinfo=timezone.utc)
 
