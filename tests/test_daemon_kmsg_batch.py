@@ -169,10 +169,11 @@ def test_a_process_killed_inside_a_batch_counts_every_xid_once_after_restart(
 def test_a_long_replay_runs_beside_the_scheduler_and_reports_progress(sim_env, tmp_path):  # noqa: F811
     _, ctx = sim_env()
     _text_log(ctx, tmp_path, _storm(20 * BATCH_RECORDS))
-    release = threading.Event()
+    release, entered = threading.Event(), threading.Event()
 
     class Slowish(Seen):
         def on_kmsg(self, record, ctx):  # a replay that takes a while: held until released
+            entered.set()
             release.wait(30)
             return ()
 
@@ -180,8 +181,10 @@ def test_a_long_replay_runs_beside_the_scheduler_and_reports_progress(sim_env, t
     runner = threading.Thread(target=d.run, daemon=True)
     runner.start()
     try:
-        eventually(lambda: d.stats.last_tick_monotonic and d.kmsg.source is not None,
-                   what="daemon started")
+        # Asked while the replay is held in its first record (not at a time guessed from a
+        # start: under load the follower may sit in the hold longer than the stall limits).
+        eventually(lambda: d.stats.last_tick_monotonic and entered.is_set(),
+                   what="the replay under way")
         healthy, message = d.health()
         assert healthy and "replaying" in message  # the scheduler ticks while replay runs
         assert not d.replayed.is_set()

@@ -175,6 +175,10 @@ def check_identity(conn: sqlite3.Connection, path: str) -> None:
 def integrity_problems(conn: sqlite3.Connection, full: bool) -> list[str]:
     """What ``integrity_check`` (``full``) or ``quick_check`` finds; empty when sound."""
     pragma = "integrity_check" if full else "quick_check"
+    factory = conn.text_factory
+    # The report quotes damaged pages, which need not be UTF-8: read it as text, whatever it
+    # holds (a decode error here would escape as a non-store error).
+    conn.text_factory = lambda raw: raw.decode("utf-8", "replace")
     try:
         rows = [str(r[0]) for r in conn.execute(f"PRAGMA {pragma}(5)")]
     except sqlite3.DatabaseError as exc:
@@ -182,6 +186,8 @@ def integrity_problems(conn: sqlite3.Connection, full: bool) -> list[str]:
         if is_damage(exc):
             return [str(exc)]
         raise
+    finally:
+        conn.text_factory = factory
     if rows == ["ok"]:
         return []
     return [line.strip() for row in rows for line in row.splitlines()
