@@ -186,6 +186,9 @@ def integrity_problems(conn: sqlite3.Connection, full: bool) -> list[str]:
         if is_damage(exc):
             return [str(exc)]
         raise
+    except UnicodeDecodeError as exc:
+        # SQLite's own error message quoted damaged bytes: the file is damaged all the same.
+        return [f"{pragma} failed on bytes that are not text ({exc.reason})"]
     finally:
         conn.text_factory = factory
     if rows == ["ok"]:
