@@ -45,7 +45,6 @@ class Counts:
     state: str = plan.STATE_OFF
     runs: dict[str, int] = field(default_factory=dict)      # verdict -> suite runs
     released: int = 0
-    missed: int = 0
     errors: int = 0
     last_error: str = ""
 
@@ -150,7 +149,6 @@ class Cleaner:
         step = plan.step(self.view(), mem, self.clock.now())
         self._keep(step.memory)
         self.counts.state = step.state
-        self.counts.missed += step.missed_now
         if step.missed_now:
             log.warning("cleaning: %d workload(s) started on %s before it was cleaned",
                         step.missed_now, self.node)
