@@ -55,8 +55,10 @@ from gpu_monitor.runner import run_check, run_on_kmsg
 log = logging.getLogger("gpu_monitor.daemon")
 
 #: Records read per batch (guarantee 2); also the most candidates one transaction holds the
-#: store for (a scrape waits for at most one batch).
-BATCH_RECORDS = 32
+#: store for (a scrape waits for at most one batch). A commit costs about as much as a few
+#: dozen Xid events, so 32 spent a third of a storm's time committing; 256 holds at most
+#: 16 MiB of records (2 MiB of real kernel lines) and the store for tens of milliseconds.
+BATCH_RECORDS = 256
 #: The pause between two batches of a backlog while another thread waits (see ``pump_all``).
 YIELD_S = 0.001
 #: The store key of a followed text log's saved position (device, inode, offset), per path.
