@@ -43,15 +43,19 @@ from _util import free_port, scrape, start_daemon  # noqa: E402
 XID_RE = re.compile(r'gpu_monitor_xid_events_total\{code="13",gpu="(\d+)",uuid="[^"]*"\} '
                     r"([0-9.e+]+)")
 READ_RE = re.compile(r"^gpu_monitor_kmsg_read_total ([0-9.e+]+)$", re.M)
+LAST_RUN_RE = re.compile(r'^gpu_monitor_check_last_run_timestamp_seconds\{check="([^"]+)"\} '
+                         r"([0-9.e+]+)$", re.M)
+KMSG_CHECKS = ("xid", "nvswitch")  # they run per record, not on a cadence
 GATE_PENDING = 'gpu_monitor_bootstrap_state{state="pending"} 1.0'
 
 
-def wait_for_gate(port: int, limit_s: float = 120.0) -> None:
+def wait_for_gate(sampler: Sampler, limit_s: float = 120.0) -> None:
     """Until the bootstrap gate's first suite is over: its one-shot scan of the kernel log
-    would otherwise read the storm too, once, and be measured as the follower."""
+    would otherwise read the storm too, once, and be measured as the follower. (Sampled, so
+    the polled checks' cadence before the storm is seen meanwhile.)"""
     deadline = time.monotonic() + limit_s
-    while GATE_PENDING in scrape(port) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    while GATE_PENDING in sampler.sample(want_text=True) and time.monotonic() < deadline:
+        time.sleep(0.5)
 
 
 class Sampler:
@@ -63,19 +67,25 @@ class Sampler:
         self.port = port
         self.proc = psutil.Process(pid)
         self.worst_scrape = 0.0
+        self.runs: dict[str, set[float]] = {}  # polled check -> the last-run times seen
         self.rows: list[tuple[float, float, float | None, dict[int, float], float, float]] = []
 
-    def sample(self) -> tuple[float, float | None, dict[int, float]]:
+    def sample(self, want_text: bool = False):
+        """(Xids counted, lines read or None, Xids per GPU); the scraped text instead when
+        ``want_text``."""
         t0 = time.perf_counter()
         text = scrape(self.port)
         self.worst_scrape = max(self.worst_scrape, time.perf_counter() - t0)
         per_gpu = {int(g): float(v) for g, v in XID_RE.findall(text)}
         m = READ_RE.search(text)
         read = float(m.group(1)) if m else None
+        for check, ts in LAST_RUN_RE.findall(text):
+            if check not in KMSG_CHECKS:
+                self.runs.setdefault(check, set()).add(float(ts))
         cpu = sum(self.proc.cpu_times()[:2])
         rss = self.proc.memory_info().rss / 2**20
         self.rows.append((time.monotonic(), sum(per_gpu.values()), read, per_gpu, cpu, rss))
-        return sum(per_gpu.values()), read, per_gpu
+        return text if want_text else (sum(per_gpu.values()), read, per_gpu)
 
 
     def run(self) -> None:
@@ -91,6 +101,18 @@ def cpu_pct(rows, t0: float, t1: float) -> float:
     if len(inside) < 2:
         return float("nan")
     return 100 * (inside[-1][4] - inside[0][4]) / (inside[-1][0] - inside[0][0])
+
+
+def worst_gaps(runs: dict[str, set[float]], t0: float, t1: float) -> dict[str, float]:
+    """Per polled check, the longest time between two of its runs seen that end in
+    [t0, t1] (Unix times): the cadence the scheduler kept."""
+    out = {}
+    for check, times in runs.items():
+        ts = sorted(times)
+        gaps = [b - a for a, b in zip(ts, ts[1:], strict=False) if t0 <= b <= t1]
+        if gaps:
+            out[check] = max(gaps)
+    return out
 
 
 def flood(path: str, args, rng: random.Random) -> tuple[dict[int, int], int, float]:
@@ -136,13 +158,13 @@ def main() -> int:
     sampler = Sampler(port, daemon.pid)
     rng = random.Random(18)
     try:
-        wait_for_gate(port)
+        wait_for_gate(sampler)
         idle_from = time.monotonic()
         sampler.sample()
         thread = threading.Thread(target=sampler.run, daemon=True)
         thread.start()
         time.sleep(5)  # the idle baseline (a span of time, not a condition)
-        idle_to = time.monotonic()
+        idle_to, idle_to_unix = time.monotonic(), time.time()
         written, lines, flood_s = flood(path, args, rng)
         flood_end = time.monotonic()
         want = sum(written.values())
@@ -155,7 +177,7 @@ def main() -> int:
             if counted >= want:
                 break
             time.sleep(0.2)
-        caught = time.monotonic()
+        caught, caught_unix = time.monotonic(), time.time()
         settle_end = caught + 12
         time.sleep(12)  # the 10 s after (a span of time, not a condition)
         sampler.stop.set()
@@ -168,8 +190,8 @@ def main() -> int:
         daemon.terminate()
         daemon.wait(timeout=30)
     rows = sampler.rows
-    rss_idle = max(r[5] for r in rows if r[0] <= idle_to)
-    rss_peak = max(r[5] for r in rows)
+    rss_idle = max(r[5] for r in rows if idle_from <= r[0] <= idle_to)
+    rss_peak = max(r[5] for r in rows if r[0] >= idle_from)
     ingest_s = caught - idle_to
     size = os.path.getsize(path) / 2**20
     print(f"daemon tree: {args.tree or 'this checkout'}; load average {os.getloadavg()}")
@@ -190,6 +212,11 @@ def main() -> int:
           f"{cpu_pct(rows, flood_end, caught):.1f}, 10 s after "
           f"{cpu_pct(rows, caught + 2, settle_end):.1f}")
     print(f"worst /metrics scrape: {sampler.worst_scrape * 1e3:.0f} ms")
+    before = worst_gaps(sampler.runs, 0.0, idle_to_unix)
+    storm = worst_gaps(sampler.runs, idle_to_unix, caught_unix)
+    print("polled checks, longest time between runs before / during the storm (s): "
+          + ", ".join(f"{c} {before.get(c, float('nan')):.0f}/{g:.0f}"
+                      for c, g in sorted(storm.items())))
     exact = all(per_gpu.get(g, 0) == n for g, n in written.items())
     print(f"exactly once per GPU: {'yes' if exact else ('NO' if any(per_gpu.get(g, 0) > n for g, n in written.items()) else 'not yet (none twice)')} "
           f"(written {written}, counted {per_gpu})")
@@ -207,7 +234,7 @@ def backlog(args) -> int:
                            "--state", os.path.join(tmp, "state.db")], port, env=env)
     sampler = Sampler(port, daemon.pid)
     try:
-        wait_for_gate(port)
+        wait_for_gate(sampler)
         base_read = sampler.sample()[1] or 0.0
         daemon.send_signal(signal.SIGSTOP)
         written = dict.fromkeys(range(len(GPU_PCI)), 0)
