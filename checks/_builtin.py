@@ -20,6 +20,8 @@ class BuiltinCheck(Check):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        module = cls.__module__.rpartition(".")[2]
-        if "name" not in vars(cls) and not module.startswith("_"):  # not a shared base
+        package, _, module = cls.__module__.rpartition(".")
+        # A shared base (checks/_*.py) has no name; a subclass elsewhere keeps the one it
+        # inherits.
+        if "name" not in vars(cls) and package == "checks" and not module.startswith("_"):
             cls.name = module
