@@ -6,6 +6,7 @@ open problems, the one-shot read of the whole log) is checks/_kmsg_events.py.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -67,8 +68,6 @@ class KernelLogCheck(BuiltinCheck):
         raise NotImplementedError
 
     def run(self, ctx: Context) -> Sequence[Result]:
-        import dataclasses
-
         with self._lock:
             saved_open = self._open
             if not ctx.host.paths.kmsg_is_device:
