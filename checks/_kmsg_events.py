@@ -3,7 +3,8 @@
 Not a check: identity of a record (boot id, sequence), when it happened, the standing
 "open problems" a passive check keeps between events, recorded GPU resets, and reading the
 whole kernel log for a one-shot scan (:class:`KernelLogScan`, which says when the log could
-not be read or held nothing, so that no check claims "no XID" about a log nobody read).
+not be read or held nothing, so that no check claims "no XID" about a log nobody read). The
+checks' base, which uses it, is checks/_kernel_log.py.
 """
 
 from __future__ import annotations
@@ -261,23 +262,3 @@ class KernelLogScan:
         if self.stats.source == "device":
             return "the record device returned no record"
         return "the file is empty" if not self.stats.bytes else "the file holds only blank lines"
-
-
-def offline_aware_scan(check: Any, ctx: Context) -> Any:
-    """``check._scan(ctx)`` under the check's lock; a log *file* leaves this node's history be.
-
-    A file given with ``--kmsg`` may come from another host or boot: it is analysed without the
-    state store and with a throw-away set of open problems, so neither this node's event
-    history nor its standing results change. The live ``/dev/kmsg`` scan keeps both.
-    """
-    import dataclasses
-
-    with check._lock:
-        saved_open = check._open
-        if not ctx.host.paths.kmsg_is_device:
-            ctx = dataclasses.replace(ctx, store=None)
-            check._open = OpenProblems(check.name)
-        try:
-            return check._scan(ctx)
-        finally:
-            check._open = saved_open

@@ -31,13 +31,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from checks._gpus import active_gpus, worker_budget
-from gpu_monitor.check import Check, Context, Finding, Setting, worst
+from checks._device import DEVICE_REASONS, DeviceCheck
+from checks._gpus import worker_budget
+from gpu_monitor.check import Context, Finding, Setting, worst
 from gpu_monitor.hw.nvml import NvmlError
-from gpu_monitor.model import NODE, Action, Kind, Result, Status, gpu_target
+from gpu_monitor.model import NODE, Action, Result, Status, gpu_target
 from gpu_monitor.profiles.schema import POSITIVE, SECONDS, Int, List, Map, Num
 from gpu_monitor.profiles.sections import DTYPE, DTYPES
-from gpu_monitor.workers.pool import WORKER_REASONS, DeviceRef, Outcome, Task, WorkerPool
+from gpu_monitor.workers.pool import DeviceRef, Outcome, Task, WorkerPool
 
 SEED = 1234
 CLOCK_EVENTS = {0x8: "hw_slowdown", 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake"}
@@ -294,18 +295,12 @@ def burn_findings(measured: Mapping[int, Mapping[str, Any]], telemetry: Mapping[
 # --- the check ---------------------------------------------------------------------------------
 
 
-class BurnIn(Check):
-    name = "burn_in"
-    kinds = frozenset({Kind.BOOTSTRAP})
+class BurnIn(DeviceCheck):
     summary = ("sustained matmul per device: results compared across devices bit for bit, "
                "TFLOP/s vs peak and node median, no throttling or overheating")
-    requires = frozenset({"gpu", "torch"})
-    required = True
-    invasive = True
     timeout = 1800.0
     reasons = ("BurnInMismatch", "BurnInReferenceMismatch", "BurnInSlow", "BurnInThrottled",
-               "BurnInHot", "BurnInTelemetryError", "DeviceUnavailable", "NvmlReadError",
-               *WORKER_REASONS)
+               "BurnInHot", "BurnInTelemetryError", *DEVICE_REASONS)
     sections = ("gpu",)
     settings = {
         "duration_s": Setting(SECONDS, 60, "s of measuring per device, split over the dtypes",
@@ -339,10 +334,9 @@ class BurnIn(Check):
 
     def run(self, ctx: Context) -> Sequence[Result]:
         nvml = ctx.host.nvml
-        results, usable = active_gpus(self, ctx, "not burned")
-        if usable is None:
+        results, refs = self.devices(ctx, "not burned")
+        if refs is None:
             return results
-        refs = [DeviceRef(g.index, g.uuid) for g in usable]
         if not refs:
             return results
         s = _settings(ctx)

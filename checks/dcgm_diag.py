@@ -31,8 +31,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from checks._builtin import BuiltinCheck
 from checks._tool_output import output_tail
-from gpu_monitor.check import Check, Context, Setting
+from gpu_monitor.check import Context, Setting
 from gpu_monitor.hw import dcgm
 from gpu_monitor.hw.dcgm import DcgmParseError, DiagResult, DiagStatus, worst_diag_status
 from gpu_monitor.model import NODE, Action, Kind, Result, Status, gpu_target
@@ -44,12 +45,10 @@ LEVEL_TIMEOUT_S = {1: 180.0, 2: 900.0, 3: 2700.0, 4: 7200.0}
 SEVERITY_ACTIONS = {6: Action.RESET_GPU, 2: Action.REPLACE}
 
 
-class DcgmDiag(Check):
-    name = "dcgm_diag"
+class DcgmDiag(BuiltinCheck):
     kinds = frozenset({Kind.BOOTSTRAP})
     summary = "DCGM diagnostic (dcgmi diag -r LEVEL -j): every test's result per GPU"
     requires = frozenset({"dcgm", "gpu"})
-    required = True
     unavailable_reasons = ("DcgmUnavailable",)  # dcgmi present, no host engine answering
     invasive = True
     timeout = LEVEL_TIMEOUT_S[4] + 120.0

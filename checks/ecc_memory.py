@@ -33,9 +33,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from checks._builtin import BuiltinCheck
 from checks._findings import TargetFindings
 from checks._gpus import enumeration_error, unidentified
-from gpu_monitor.check import Check, ClearTracker, Context, Setting
+from gpu_monitor.check import ClearTracker, Context, Setting
 from gpu_monitor.hw.nvml import GpuInfo, NvmlError, NvmlErrorKind
 from gpu_monitor.metric_families import CheckMetric, gpu_value, gpu_values
 from gpu_monitor.model import (
@@ -121,14 +122,11 @@ class _Gpu(TargetFindings):
     supported: int = 0
 
 
-class EccMemory(Check):
-    name = "ecc_memory"
+class EccMemory(BuiltinCheck):
     kinds = frozenset({Kind.BOOTSTRAP, Kind.PASSIVE})
     summary = "ECC mode and errors, row-remap pending/failure and remap headroom, retired pages"
     requires = frozenset({"nvml"})
-    required = True
     interval = 300.0
-    timeout = 60.0
     reasons = (
         "EccDisabled",
         "EccUncorrectable",

@@ -18,8 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from checks._builtin import BuiltinCheck
 from checks._gpus import enumeration_error, error_details, unidentified
-from gpu_monitor.check import Check, ClearTracker, Context, Setting
+from gpu_monitor.check import ClearTracker, Context, Setting
 from gpu_monitor.hw.nvml import NvmlError, SystemInfo
 from gpu_monitor.hw.sysfs_values import NVIDIA_VENDOR
 from gpu_monitor.model import NODE, Action, Kind, Result, Status, gpu_target
@@ -36,12 +37,9 @@ def version_tuple(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-class Inventory(Check):
-    name = "inventory"
+class Inventory(BuiltinCheck):
     kinds = frozenset({Kind.BOOTSTRAP, Kind.PASSIVE})
     summary = "GPU count, models, UUIDs, PCI bus IDs and driver/CUDA versions vs the profile"
-    requires = frozenset()
-    required = True
     interval = 60.0
     timeout = 30.0
     reasons = (

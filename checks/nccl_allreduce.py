@@ -22,9 +22,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from checks._gpus import active_gpus, worker_budget
-from gpu_monitor.check import Check, Context, Finding, Setting
-from gpu_monitor.model import NODE, Action, Kind, Result, Status, gpu_target
+from checks._device import DEVICE_REASONS, DeviceCheck
+from checks._gpus import worker_budget
+from gpu_monitor.check import Context, Finding, Setting
+from gpu_monitor.model import NODE, Action, Result, Status, gpu_target
 from gpu_monitor.nccl import (
     ALL_REDUCE,
     SweepLimits,
@@ -35,7 +36,7 @@ from gpu_monitor.nccl import (
     sweep_table,
 )
 from gpu_monitor.profiles.schema import COUNT, FRACTION, POSITIVE_INT
-from gpu_monitor.workers.pool import WORKER_REASONS, DeviceRef, Outcome, Task, WorkerPool
+from gpu_monitor.workers.pool import Outcome, Task, WorkerPool
 
 _PATTERN_MOD = 251  # pattern values 1..251; x n(n+1)/2 stays below 2**24 up to n = 364
 _DIAGNOSE_CHUNK = 1 << 22  # elements per all_gather when naming a bad contributor
@@ -178,17 +179,12 @@ def sweep_findings(rows: Sequence[Mapping[str, Any]], suspects: Sequence[int] | 
 # --- the check ---------------------------------------------------------------------------------
 
 
-class NcclAllreduce(Check):
-    name = "nccl_allreduce"
-    kinds = frozenset({Kind.BOOTSTRAP})
+class NcclAllreduce(DeviceCheck):
     summary = ("all-reduce over every local device (NCCL; gloo on CPU): exact data check and "
                "a size sweep of p50/p95 latency, algbw and busbw vs the profile")
-    requires = frozenset({"gpu", "torch"})
-    required = True
-    invasive = True
     timeout = 1200.0
     reasons = ("NcclWrongData", "NcclBusBwLow", "NcclLatencyHigh", "NothingToReduce",
-               "DeviceUnavailable", "NvmlReadError", *WORKER_REASONS)
+               *DEVICE_REASONS)
     sections = ("nccl",)
     settings = {
         "iterations": Setting(POSITIVE_INT, 20, "timed iterations per size",
@@ -203,10 +199,9 @@ class NcclAllreduce(Check):
     }
 
     def run(self, ctx: Context) -> Sequence[Result]:
-        results, usable = active_gpus(self, ctx, "left out of the all-reduce")
-        if usable is None:
+        results, refs = self.devices(ctx, "left out of the all-reduce")
+        if refs is None:
             return results
-        refs = [DeviceRef(g.index, g.uuid) for g in usable]
         if len(refs) < 2:
             results.append(self.result(ctx, Status.SKIPPED, NODE, "NothingToReduce",
                                        f"{len(refs)} usable device(s): nothing to all-reduce"))

@@ -21,10 +21,11 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from checks._gpus import active_gpus, error_details, worker_budget
-from gpu_monitor.check import Check, Context, Setting
+from checks._device import DeviceCheck
+from checks._gpus import error_details, worker_budget
+from gpu_monitor.check import Context, Setting
 from gpu_monitor.hw.nvml import NvmlError, NvmlErrorKind
-from gpu_monitor.model import NODE, Action, Kind, Result, Status, gpu_target, nvlink_target
+from gpu_monitor.model import NODE, Action, Result, Status, gpu_target, nvlink_target
 from gpu_monitor.model import p2p_target as p2p
 from gpu_monitor.profiles.schema import BYTES, POSITIVE_INT
 from gpu_monitor.workers.pool import WORKER_REASONS, DeviceRef, Outcome, Task, WorkerPool
@@ -83,14 +84,9 @@ def peer_worker(ctx: Any) -> dict[str, Any]:
 # --- the check ---------------------------------------------------------------------------------
 
 
-class NvlinkPeer(Check):
-    name = "nvlink_peer"
-    kinds = frozenset({Kind.BOOTSTRAP})
+class NvlinkPeer(DeviceCheck):
     summary = ("NVLink state and error counters, NVSwitch fabric state, and a data-checked "
                "copy with bandwidth for every ordered device pair")
-    requires = frozenset({"gpu", "torch"})
-    required = True
-    invasive = True
     timeout = 900.0
     reasons = ("NvLinkDown", "NvLinkMissing", "NvLinkErrors", "NvLinkReadError",
                "FabricNotReady", "P2pDataMismatch", "P2pBandwidthLow", "P2pUnavailable",
@@ -109,10 +105,9 @@ class NvlinkPeer(Check):
     }
 
     def run(self, ctx: Context) -> Sequence[Result]:
-        results, usable = active_gpus(self, ctx, "not tested")
-        if usable is None:
+        results, refs = self.devices(ctx, "not tested")
+        if refs is None:
             return results
-        refs = [DeviceRef(g.index, g.uuid) for g in usable]
 
         def get(key: str, default: Any = None) -> Any:
             return ctx.setting(self.name, key, default)

@@ -37,8 +37,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from checks._gpus import poll_gpus, read_error, unidentified
-from gpu_monitor.check import Check, ClearTracker, Context, Finding, Setting
+from checks._gpus import read_error, unidentified
+from checks._nvml_poll import NvmlPollCheck
+from gpu_monitor.check import Context, Finding, Setting
 from gpu_monitor.hw.nvml import GpuInfo, NvmlError, NvmlErrorKind
 from gpu_monitor.metric_families import (
     CheckMetric,
@@ -52,7 +53,6 @@ from gpu_monitor.model import (
     NODE,
     STATUS_SEVERITY,
     Action,
-    Kind,
     Result,
     Status,
     gpu_target,
@@ -128,14 +128,8 @@ def link_error_samples(results: Sequence[LatestResult], history: MetricsHistory
                     yield (*labels, str(link), name), v
 
 
-class NvlinkState(Check):
-    name = "nvlink_state"
-    kinds = frozenset({Kind.PASSIVE, Kind.BOOTSTRAP})
+class NvlinkState(NvmlPollCheck):
     summary = "Every expected NVLink link up (after the boot grace) and its error-counter rates"
-    requires = frozenset({"nvml"})
-    required = True
-    interval = 10.0
-    timeout = 30.0
     reasons = ("NvLinkDown", "NvLinkErrorRate", "BootGrace", "NvmlReadError", "GpuLost",
                "NotSupported", "NoGpu")
     sections = ("nvlink",)
@@ -159,19 +153,23 @@ class NvlinkState(Check):
     )
 
     def __init__(self) -> None:
-        self._clear = ClearTracker(self.name)
+        super().__init__()
         self._snaps: dict[str, Any] | None = None
         self._open: set[str] | None = None
         self._dirty = False
 
     def poll(self, ctx: Context) -> Sequence[Result]:
-        expected = int(ctx.setting(self.name, "links_per_gpu", 0) or 0)
-        if expected <= 0:
+        if self._links_expected(ctx) <= 0:
             return [self.result(ctx, Status.SKIPPED, NODE, "NotSupported",
                                 f"profile {ctx.profile.name} expects no NVLink")]
-        gpus, early = poll_gpus(self, ctx)
-        if early is not None:
-            return early
+        return super().poll(ctx)
+
+    def _links_expected(self, ctx: Context) -> int:
+        """The NVLink links per GPU the profile expects (0: none, nothing to judge)."""
+        return int(ctx.setting(self.name, "links_per_gpu", 0) or 0)
+
+    def judge_gpus(self, ctx: Context, gpus: list[GpuInfo]) -> list[Result]:
+        expected = self._links_expected(ctx)
         self._load(ctx)
         assert self._snaps is not None and self._open is not None
         before = set(self._open)
@@ -192,7 +190,7 @@ class NvlinkState(Check):
                 ctx.store.set_kv(self.name, "link_targets", sorted(self._open))
             except Exception as exc:  # noqa: BLE001 - history is best effort, judging is not
                 ctx.log.warning("nvlink_state: cannot persist history: %s", exc)
-        return self._clear.track(ctx, results)
+        return results
 
     # --- one GPU ---------------------------------------------------------------------------
 

@@ -25,25 +25,22 @@ lines that could not be used.
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
 from checks._gpus import enumeration_error, error_details, unidentified
+from checks._kernel_log import KernelLogCheck
 from checks._kmsg_events import (
     READ_ERROR,
-    KernelLogScan,
-    OpenProblems,
     UnreadLog,
     boot_id,
     event_time,
     follower_unread,
-    offline_aware_scan,
     record_seq,
     uptime_s,
 )
-from gpu_monitor.check import Check, ClearTracker, Context, Setting
+from gpu_monitor.check import Context, Setting
 from gpu_monitor.hw.kmsg.record import KmsgGap, KmsgRecord
 from gpu_monitor.hw.nvml import (
     NVML_GPU_FABRIC_STATE_COMPLETED,
@@ -51,12 +48,10 @@ from gpu_monitor.hw.nvml import (
     NvmlError,
     NvmlErrorKind,
 )
-from gpu_monitor.locks import WaitedLock
 from gpu_monitor.metric_families import CheckMetric, LatestResult, MetricsHistory, Sample
 from gpu_monitor.model import (
     NODE,
     Action,
-    Kind,
     Result,
     Status,
     gpu_target,
@@ -98,14 +93,9 @@ def sxid_event_samples(results: Sequence[LatestResult], history: MetricsHistory
         yield (str(code),), float(n)
 
 
-class NvSwitch(Check):
-    name = "nvswitch"
-    kinds = frozenset({Kind.BOOTSTRAP, Kind.PASSIVE})
+class NvSwitch(KernelLogCheck):
     summary = "NVSwitch SXid errors, NVML GPU fabric state and Fabric Manager liveness"
-    requires = frozenset()
-    required = True
     interval = 60.0
-    timeout = 600.0
     reasons = (*(f"SXid{c}" for c in sxid_catalog().codes()), "FabricNotReady", "FabricError",
                "FabricManagerDown", "NvmlReadError", "NotSupported", "BootGrace",
                READ_ERROR)
@@ -122,21 +112,14 @@ class NvSwitch(Check):
                            samples=sxid_event_samples),)
 
     def __init__(self) -> None:
-        self.parse_errors = 0
-        self.parse_error_kinds: Counter[str] = Counter()
-        self._lock = WaitedLock()  # the follower lets go between batches when polled
+        super().__init__()
         self._grouper = SxidGrouper()
-        self._open = OpenProblems(self.name)
-        self._clear = ClearTracker(self.name)
 
     # --- kernel log ---------------------------------------------------------------------------
 
-    def on_kmsg(self, record: Any, ctx: Context) -> Sequence[Result]:
-        if not isinstance(record, KmsgRecord):
-            return ()  # a KmsgGap (ring-buffer overrun) carries no text
-        with self._lock:
-            return [self._result(ctx, ev, record)
-                    for _eid, ev, new in self._ingest(record, ctx) if new]
+    def _on_record(self, record: KmsgRecord, ctx: Context) -> list[Result]:
+        return [self._result(ctx, ev, record) for _eid, ev, new in self._ingest(record, ctx)
+                if new]
 
     def _ingest(self, record: KmsgRecord, ctx: Context) -> list[tuple[int, SxidEvent, bool]]:
         """Parse and group one record: [(event id, event so far, opened now)] or []."""
@@ -159,10 +142,6 @@ class NvSwitch(Check):
                 self._count("unknown_code")
             self._record_event(ev, record, ctx)
         return [(eid, ev, new)]
-
-    def _count(self, kind: str) -> None:
-        self.parse_errors += 1
-        self.parse_error_kinds[kind] += 1
 
     def _record_event(self, ev: SxidEvent, record: KmsgRecord, ctx: Context) -> None:
         target = self._target(ev, ctx)
@@ -213,20 +192,15 @@ class NvSwitch(Check):
 
     # --- standing state -------------------------------------------------------------------------
 
-    def poll(self, ctx: Context) -> Sequence[Result]:
-        with self._lock:
-            results = (self._switch_state(ctx, follower_unread(ctx)) + self._fabric(ctx)
-                       + self._fabric_manager(ctx))
-            return self._clear.track(ctx, results)
-
-    def run(self, ctx: Context) -> Sequence[Result]:
-        """Scan the whole kernel log (an event's lines grouped), then the standing state."""
-        return offline_aware_scan(self, ctx)
+    def _state(self, ctx: Context) -> list[Result]:
+        return (self._switch_state(ctx, follower_unread(ctx)) + self._fabric(ctx)
+                + self._fabric_manager(ctx))
 
     def _scan(self, ctx: Context) -> list[Result]:
+        """The whole kernel log (an event's lines grouped), then the standing state."""
         self._grouper = SxidGrouper()
         found: dict[int, tuple[SxidEvent, KmsgRecord]] = {}
-        log_scan = KernelLogScan(ctx, tuple(w.encode() for w in self.kmsg_literals))
+        log_scan = self.log_scan(ctx)
         for item in log_scan:
             if isinstance(item, KmsgGap):
                 continue
@@ -237,8 +211,7 @@ class NvSwitch(Check):
         results = [self._result(ctx, ev, rec) for ev, rec in found.values()]
         seen = {r.target for r in results}
         results += [r for r in self._switch_state(ctx, unread) if r.target not in seen]
-        if unread is not None and not any(r.reason == unread.reason for r in results):
-            results.append(unread.result(self, ctx, NODE))  # no switch carries it
+        self.unread_at_node(ctx, unread, results)  # when no switch carries it
         return results + self._fabric(ctx) + self._fabric_manager(ctx)
 
     def _switch_state(self, ctx: Context, unread: UnreadLog | None = None) -> list[Result]:
@@ -263,9 +236,8 @@ class NvSwitch(Check):
                              "code": prob.get("code"), "since": prob["at"], "open": True},
                     observed_at=now))
             elif target in targets:
-                details = {"pci_bus_id": targets[target]}
-                results.append(unread.result(self, ctx, target, details) if unread is not None
-                               else self.ok(ctx, target, "no open SXid problem", details))
+                results.append(self.quiet(ctx, target, unread, "no open SXid problem",
+                                          {"pci_bus_id": targets[target]}))
         return results
 
     @staticmethod

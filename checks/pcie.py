@@ -44,9 +44,10 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from checks._builtin import BuiltinCheck
 from checks._findings import TargetFindings
 from checks._gpus import ABSENT, enumeration_error, error_details, unidentified
-from gpu_monitor.check import Check, Context, Setting
+from gpu_monitor.check import Context, Setting
 from gpu_monitor.hw.nvml import GpuInfo, NvmlError
 from gpu_monitor.hw.sysfs_values import PciDevice, pcie_gen
 from gpu_monitor.hw.topology import NicFunction, nearest_nic, nic_functions
@@ -108,12 +109,10 @@ def copy_worker(ctx: Any) -> dict[str, Any]:
     return {"copies": out}
 
 
-class Pcie(Check):
-    name = "pcie"
+class Pcie(BuiltinCheck):
     kinds = frozenset({Kind.BOOTSTRAP})
     summary = "PCIe link gen/width, replays, AER, NUMA/NIC placement and H2D/D2H bandwidth"
     requires = frozenset({"nvml"})
-    required = True
     unavailable_reasons = ("RequirementMissing",)  # the copy test's torch is missing
     timeout = 300.0
     reasons = (

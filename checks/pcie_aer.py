@@ -42,7 +42,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from gpu_monitor.check import Check, ClearTracker, Context, Setting
+from checks._builtin import BuiltinCheck
+from gpu_monitor.check import ClearTracker, Context, Setting
 from gpu_monitor.hw.nvml import NvmlError
 from gpu_monitor.hw.sysfs_values import AER_ATTRS, NVIDIA_VENDOR, AerCounters, PciDevice
 from gpu_monitor.metric_families import CheckMetric, LatestResult, MetricsHistory, Sample, number
@@ -167,12 +168,9 @@ def _iso(epoch: float | None) -> str | None:
     return datetime.fromtimestamp(epoch, tz=timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-class PcieAer(Check):
-    name = "pcie_aer"
+class PcieAer(BuiltinCheck):
     kinds = frozenset({Kind.PASSIVE, Kind.BOOTSTRAP})
     summary = "PCIe AER counters of GPUs, NVSwitches and RDMA NICs: uncorrectable and rates"
-    requires = frozenset()
-    required = True
     interval = 30.0
     timeout = 30.0
     reasons = ("AerFatal", "AerNonFatal", "AerCorrectableRate", "NotSupported", "NoDevice",

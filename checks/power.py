@@ -29,8 +29,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from checks._gpus import poll_gpus, read_error, unidentified
-from gpu_monitor.check import Check, ClearTracker, Context, Setting
+from checks._gpus import read_error, unidentified
+from checks._nvml_poll import NvmlPollCheck
+from gpu_monitor.check import Context, Setting
 from gpu_monitor.hw.nvml import GpuInfo, NvmlError, NvmlErrorKind
 from gpu_monitor.metric_families import (
     CheckMetric,
@@ -72,14 +73,11 @@ def at_limit_seconds(samples: Sequence[Sequence[float]], start: float, max_gap_s
     return at_limit, observed
 
 
-class Power(Check):
-    name = "power"
+class Power(NvmlPollCheck):
     kinds = frozenset({Kind.PASSIVE})
     summary = ("Fraction of a sliding window each GPU's power draw sat at its enforced power "
                "limit (which caps its clocks)")
-    requires = frozenset({"nvml"})
-    interval = 10.0
-    timeout = 30.0
+    required = False  # passive only: no bootstrap runs it
     reasons = ("PowerAtLimit", "NvmlReadError", "GpuLost", "NotSupported", "NoGpu")
     settings = {
         "window_s": Setting(SECONDS, 600, "s", "project (throttle's window)"),
@@ -102,14 +100,11 @@ class Power(Check):
     )
 
     def __init__(self) -> None:
-        self._clear = ClearTracker(self.name)
+        super().__init__()
         self._hist: dict[int, dict[str, Any]] = {}
 
-    def poll(self, ctx: Context) -> Sequence[Result]:
-        gpus, early = poll_gpus(self, ctx)
-        if early is not None:
-            return early
-        return self._clear.track(ctx, [self._gpu(ctx, gpu) for gpu in gpus])
+    def judge_gpus(self, ctx: Context, gpus: list[GpuInfo]) -> list[Result]:
+        return [self._gpu(ctx, gpu) for gpu in gpus]
 
     def _gpu(self, ctx: Context, gpu: GpuInfo) -> Result:
         target = gpu_target(gpu.index)

@@ -33,8 +33,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from checks._builtin import BuiltinCheck
 from checks._tool_output import output_tail
-from gpu_monitor.check import Check, Context, Setting
+from gpu_monitor.check import Context, Setting
 from gpu_monitor.hw.command import kill_group
 from gpu_monitor.hw.perftest import BwReport, PerftestParseError, parse_report
 from gpu_monitor.hw.sysfs_values import IbPort
@@ -88,12 +89,10 @@ class _Drain:
         return "".join(self.out) + "".join(self.err)
 
 
-class RdmaLoopback(Check):
-    name = "rdma_loopback"
+class RdmaLoopback(BuiltinCheck):
     kinds = frozenset({Kind.BOOTSTRAP})
     summary = "ib_write_bw loopback per active RDMA port (GPUDirect when available) vs floor"
     requires = frozenset({"perftest", "infiniband"})
-    required = True
     invasive = True
     timeout = 1200.0
     reasons = (

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from checks._builtin import BuiltinCheck
 from checks._downtime import (
     Track,
     crossing_at,
@@ -49,7 +50,7 @@ from checks._downtime import (
     port_is_down,
     window_stats,
 )
-from gpu_monitor.check import Check, ClearTracker, Context, Setting
+from gpu_monitor.check import ClearTracker, Context, Setting
 from gpu_monitor.hw.sysfs_values import IbPort
 from gpu_monitor.metric_families import (
     CheckMetric,
@@ -223,14 +224,11 @@ def port_state_samples(results: Sequence[LatestResult], history: MetricsHistory
             yield (dev, str(port), state), value
 
 
-class RdmaPorts(Check):
-    name = "rdma_ports"
+class RdmaPorts(BuiltinCheck):
     kinds = frozenset({Kind.PASSIVE, Kind.BOOTSTRAP})
     summary = "RDMA port downtime in a sliding window vs a budget and NCCL's IB timeout"
     requires = frozenset({"infiniband"})
-    required = True
     interval = 1.0
-    timeout = 60.0
     reasons = (
         "PortDown",
         "PortDownExceededNcclTimeout",

@@ -56,8 +56,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from checks._device import DEVICE_REASONS, DeviceCheck
 from checks._gpus import active_gpus, worker_budget
-from gpu_monitor.check import Check, Context, Finding, Setting
+from gpu_monitor.check import Context, Finding, Setting
 from gpu_monitor.hw.nvml import NvmlError
 from gpu_monitor.model import NODE, Kind, Result, Status, iso
 from gpu_monitor.profiles.schema import COUNT, POSITIVE_INT, Nullable, Str
@@ -77,7 +78,7 @@ from gpu_monitor.sdc.probe_reference import (
     reference_key,
     write_reference,
 )
-from gpu_monitor.workers.pool import WORKER_REASONS, DeviceRef, Outcome, Task, WorkerPool
+from gpu_monitor.workers.pool import DeviceRef, Outcome, Task, WorkerPool
 
 log = logging.getLogger(__name__)
 
@@ -87,20 +88,15 @@ WORKER_FUNCTION = "gpu_monitor.sdc.probe_worker:probe_worker"
 # --- the check ---------------------------------------------------------------------------------
 
 
-class SdcProbe(Check):
-    name = "sdc_probe"
+class SdcProbe(DeviceCheck):
     kinds = frozenset({Kind.BOOTSTRAP, Kind.PERIODIC})
     summary = ("each device computes and replays seeded micro-batches of a small model "
                "(deterministic forward + backward); ring replay, confirmation and a "
                "per-micro-batch vote name a device that computes wrong; optional stored "
                "reference per GPU model, driver and torch")
-    requires = frozenset({"gpu", "torch"})
-    required = True
-    invasive = True
     timeout = 300.0
     reasons = ("SdcDetected", "SdcReferenceMismatch", "SdcUnattributable",
-               "SdcProbeNondeterministic", "SdcReferenceUnreadable", "DeviceUnavailable",
-               "NvmlReadError", *WORKER_REASONS)
+               "SdcProbeNondeterministic", "SdcReferenceUnreadable", *DEVICE_REASONS)
     settings = {
         "seed": Setting(COUNT, 1234, "seed of the deterministic micro-batches", "project"),
         "batch_size": Setting(POSITIVE_INT, 32, "samples per micro-batch", "project"),

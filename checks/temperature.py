@@ -31,8 +31,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from checks._gpus import ABSENT, error_details, poll_gpus, read_error, unidentified
-from gpu_monitor.check import Check, ClearTracker, Context, Setting
+from checks._gpus import ABSENT, error_details, read_error, unidentified
+from checks._nvml_poll import NvmlPollCheck
+from gpu_monitor.check import Context, Setting
 from gpu_monitor.hw.nvml import GpuInfo, NvmlError, NvmlErrorKind, Temperatures
 from gpu_monitor.metric_families import (
     CheckMetric,
@@ -41,7 +42,7 @@ from gpu_monitor.metric_families import (
     Sample,
     gpu_labels,
 )
-from gpu_monitor.model import STATUS_SEVERITY, Action, Kind, Result, Status, gpu_target
+from gpu_monitor.model import STATUS_SEVERITY, Action, Result, Status, gpu_target
 from gpu_monitor.profiles.schema import POSITIVE
 
 LOAD_MATCH = 0.8  # a comparable peer draws >= 80% of this GPU's power
@@ -69,15 +70,9 @@ def temperature_samples(results: Sequence[LatestResult], history: MetricsHistory
                 yield (*labels, sensor), float(value)
 
 
-class Temperature(Check):
-    name = "temperature"
-    kinds = frozenset({Kind.PASSIVE, Kind.BOOTSTRAP})
+class Temperature(NvmlPollCheck):
     summary = ("GPU core and HBM temperature vs NVML's slowdown / memory max thresholds, the "
                "core-HBM gradient and the node's other GPUs")
-    requires = frozenset({"nvml"})
-    required = True
-    interval = 10.0
-    timeout = 30.0
     reasons = ("TempAboveSlowdown", "MemTempAboveMax", "TempGradient", "TempOutlier",
                "NvmlReadError", "GpuLost", "NotSupported", "NoGpu")
     sections = ("gpu",)
@@ -94,14 +89,8 @@ class Temperature(Check):
                            details=("uuid", "core_celsius", "memory_celsius"),
                            samples=temperature_samples),)
 
-    def __init__(self) -> None:
-        self._clear = ClearTracker(self.name)
-
-    def poll(self, ctx: Context) -> Sequence[Result]:
+    def judge_gpus(self, ctx: Context, gpus: list[GpuInfo]) -> list[Result]:
         nvml = ctx.host.nvml
-        gpus, early = poll_gpus(self, ctx)
-        if early is not None:
-            return early
         results: dict[int, Result] = {}
         readings: dict[int, _Reading] = {}
         for gpu in gpus:
@@ -132,7 +121,7 @@ class Temperature(Check):
         for index, reading in readings.items():
             results[index] = self._judge(ctx, reading, [r for i, r in peers.items()
                                                         if i != index])
-        return self._clear.track(ctx, [results[g.index] for g in gpus])
+        return [results[g.index] for g in gpus]
 
     def _judge(self, ctx: Context, r: _Reading, peers: list[_Reading]) -> Result:
         t = r.temps

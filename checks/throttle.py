@@ -42,8 +42,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from checks._gpus import ABSENT, error_details, poll_gpus, read_error, unidentified
-from gpu_monitor.check import Check, ClearTracker, Context, Setting
+from checks._gpus import ABSENT, error_details, read_error, unidentified
+from checks._nvml_poll import NvmlPollCheck
+from gpu_monitor.check import Context, Setting
 from gpu_monitor.hw.nvml import GpuInfo, NvmlError, NvmlErrorKind
 from gpu_monitor.metric_families import (
     CheckMetric,
@@ -53,7 +54,7 @@ from gpu_monitor.metric_families import (
     gpu_labels,
     gpu_values,
 )
-from gpu_monitor.model import STATUS_SEVERITY, Action, Kind, Result, Status, gpu_target
+from gpu_monitor.model import STATUS_SEVERITY, Action, Result, Status, gpu_target
 from gpu_monitor.profiles.schema import SECONDS, Num
 
 #: nvmlClocksEventReason* bits by the name used in details and as the metrics ``event`` label.
@@ -126,15 +127,9 @@ def clock_event_samples(results: Sequence[LatestResult], history: MetricsHistory
             yield (*labels, event), 1.0 if event in active else 0.0
 
 
-class Throttle(Check):
-    name = "throttle"
-    kinds = frozenset({Kind.PASSIVE, Kind.BOOTSTRAP})
+class Throttle(NvmlPollCheck):
     summary = ("Fraction of a sliding window each GPU spent in HW slowdown, HW thermal slowdown "
                "or HW power brake (SW power cap and idle are never faults)")
-    requires = frozenset({"nvml"})
-    required = True
-    interval = 10.0
-    timeout = 30.0
     reasons = ("HwSlowdown", "HwThermalSlowdown", "HwPowerBrake", "NvmlReadError", "GpuLost",
                "NotSupported", "NoGpu")
     settings = {
@@ -161,13 +156,10 @@ class Throttle(Check):
                                               nested="active_fraction")),)
 
     def __init__(self) -> None:
-        self._clear = ClearTracker(self.name)
+        super().__init__()
         self._hist: dict[str, dict[str, Any]] | None = None
 
-    def poll(self, ctx: Context) -> Sequence[Result]:
-        gpus, early = poll_gpus(self, ctx)
-        if early is not None:
-            return early
+    def judge_gpus(self, ctx: Context, gpus: list[GpuInfo]) -> list[Result]:
         hist = self._load(ctx)
         results = [self._judge(ctx, gpu, hist) for gpu in gpus]
         if ctx.store is not None:
@@ -175,7 +167,7 @@ class Throttle(Check):
                 ctx.store.set_kv(self.name, "samples", hist)
             except Exception as exc:  # noqa: BLE001 - the window is best effort, judging is not
                 ctx.log.warning("throttle: cannot persist samples: %s", exc)
-        return self._clear.track(ctx, results)
+        return results
 
     # --- one GPU ---------------------------------------------------------------------------
 

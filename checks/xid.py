@@ -28,32 +28,27 @@ Parsing lives in gpu_monitor/rules/xid.py; docs/xid.md explains the classificati
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from checks._kernel_log import KernelLogCheck
 from checks._kmsg_events import (
     READ_ERROR,
-    KernelLogScan,
-    OpenProblems,
     boot_id,
     event_time,
     follower_unread,
-    offline_aware_scan,
     record_seq,
     reset_times,
     worse_than,
 )
 from checks._xid_history import XidRecall, counts_as_repeat
-from gpu_monitor.check import Check, ClearTracker, Context, Setting
+from gpu_monitor.check import Context, Setting
 from gpu_monitor.hw.kmsg.record import KmsgGap, KmsgRecord
-from gpu_monitor.locks import WaitedLock
 from gpu_monitor.metric_families import CheckMetric, LatestResult, MetricsHistory, Sample
 from gpu_monitor.model import (
     NODE,
     Action,
-    Kind,
     Result,
     Status,
     gpu_target,
@@ -102,14 +97,9 @@ def xid_event_samples(results: Sequence[LatestResult], history: MetricsHistory
         yield ("" if idx is None else str(idx), uuid or "", str(code)), float(n)
 
 
-class Xid(Check):
-    name = "xid"
-    kinds = frozenset({Kind.BOOTSTRAP, Kind.PASSIVE})
+class Xid(KernelLogCheck):
     summary = "NVIDIA Xid errors in the kernel log, classified by the versioned XID catalog"
-    requires = frozenset()
-    required = True
     interval = 30.0
-    timeout = 600.0
     reasons = (*(f"Xid{c}" for c in xid_catalog().codes()), FALLEN_OFF_BUS_REASON,
                READ_ERROR)
     settings = {
@@ -140,23 +130,13 @@ class Xid(Check):
     def __init__(self, *, recount: bool = False) -> None:
         """``recount``: judge every event by reading its history back from the store, never
         from the state in memory (the reference tests hold that state to)."""
-        self.parse_errors = 0
-        self.parse_error_kinds: Counter[str] = Counter()
-        self._lock = WaitedLock()  # the follower lets go between batches when polled
+        super().__init__()
         self._gpus: dict[str, tuple[int, str | None]] = {}
         self._map_at: float | None = None
         self._memory: list[XidEvent] = []  # history when there is no store
-        self._open = OpenProblems(self.name)
-        self._clear = ClearTracker(self.name)
         self._pending: tuple[GpuHeader, int] | None = None
         self._recent_bus: dict[str, tuple[datetime, str, bool]] = {}
         self._recall = None if recount else XidRecall()
-
-    # --- parse errors ------------------------------------------------------------------------
-
-    def _count(self, kind: str) -> None:
-        self.parse_errors += 1
-        self.parse_error_kinds[kind] += 1
 
     # --- GPU map ------------------------------------------------------------------------------
 
@@ -218,12 +198,6 @@ class Xid(Check):
                 del self._memory[: len(self._memory) - MEMORY_EVENTS]
 
     # --- records ------------------------------------------------------------------------------
-
-    def on_kmsg(self, record: Any, ctx: Context) -> Sequence[Result]:
-        if not isinstance(record, KmsgRecord):
-            return ()  # a KmsgGap (ring-buffer overrun) carries no text
-        with self._lock:
-            return self._on_record(record, ctx)
 
     def _on_record(self, record: KmsgRecord, ctx: Context) -> list[Result]:
         text = record.text
@@ -413,10 +387,6 @@ class Xid(Check):
 
     # --- standing state ------------------------------------------------------------------------
 
-    def poll(self, ctx: Context) -> Sequence[Result]:
-        with self._lock:
-            return self._clear.track(ctx, self._state(ctx))
-
     def _state(self, ctx: Context) -> list[Result]:
         gpus = {gpu_target(i): (i, uuid, pci)
                 for pci, (i, uuid) in self._gpu_map(ctx, refresh=True).items()}
@@ -447,9 +417,8 @@ class Xid(Check):
                 results.append(repeat)
                 continue
             if index is not None:
-                details = {"uuid": uuid, "pci_bus_id": pci}
-                results.append(unread.result(self, ctx, target, details) if unread is not None
-                               else self.ok(ctx, target, "no open XID problem", details))
+                results.append(self.quiet(ctx, target, unread, "no open XID problem",
+                                          {"uuid": uuid, "pci_bus_id": pci}))
         return results
 
     def _still_open(self, prob: Mapping[str, Any], boot: str, now: datetime, watch_s: float,
@@ -502,18 +471,15 @@ class Xid(Check):
 
     # --- one-shot scan -------------------------------------------------------------------------
 
-    def run(self, ctx: Context) -> Sequence[Result]:
-        """Scan the whole kernel log; one result per event, an ok result per quiet GPU."""
-        return offline_aware_scan(self, ctx)
-
     def _scan(self, ctx: Context) -> list[Result]:
-        """The scan itself: every record through the event path, then quiet GPUs: ``ok`` when
-        the whole log was read, ``unknown`` naming the path and error when it was not."""
+        """The whole kernel log: one result per event through the event path, then one per
+        quiet GPU: ``ok`` when the whole log was read, ``unknown`` naming the path and error
+        when it was not."""
         self._memory, self._pending, self._recent_bus = [], None, {}
         errors_before = self.parse_errors
         results: list[Result] = []
         gaps = malformed = 0
-        log_scan = KernelLogScan(ctx, tuple(w.encode() for w in self.kmsg_literals))
+        log_scan = self.log_scan(ctx)
         for item in log_scan:
             if isinstance(item, KmsgGap):
                 gaps += 1
@@ -529,12 +495,10 @@ class Xid(Check):
             target = gpu_target(index)
             if target in seen:
                 continue
-            details = {"uuid": uuid, "pci_bus_id": pci, **stats}
-            results.append(unread.result(self, ctx, target, details) if unread is not None
-                           else self.ok(ctx, target, "no XID in the kernel log", details))
-        if unread is not None and not any(r.reason == unread.reason for r in results):
-            results.append(unread.result(self, ctx, NODE, stats))  # no GPU carries it
-        elif not results:
+            results.append(self.quiet(ctx, target, unread, "no XID in the kernel log",
+                                      {"uuid": uuid, "pci_bus_id": pci, **stats}))
+        self.unread_at_node(ctx, unread, results, stats)  # when no GPU carries it
+        if not results:
             results.append(self.ok(ctx, NODE, f"no XID in {scan.lines} kernel-log lines",
                                    stats))
         return results
