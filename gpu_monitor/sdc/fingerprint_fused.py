@@ -7,8 +7,8 @@ Inductor fuses the whole formula into one loop that reads each element once and 
 running sums in registers (C++/OpenMP on CPUs, a Triton kernel on CUDA). The eager form stays,
 as the reference the tests compare against and as the fallback.
 
-Speed on the CPU (torch 2.13, AVX2, one thread; docs/sdc.md "Costs"): about 0.11x the throughput
-of ``tensor.sum()`` on fp32, 2.7x the eager form. The issue's 0.25x is not reached: the formula
+Speed on the CPU (torch 2.13, AVX2, one thread; docs/sdc.md "Costs"): 0.11-0.14x the throughput
+of ``tensor.sum()`` on fp32, 2.7-3.5x the eager form. The issue's 0.25x is not reached: the formula
 needs five 64-bit multiplies per element (three of them, ``v * KEY_BITS`` and the two mixer
 rounds, whatever the formulation), AVX2 has no 64-bit lane multiply, and Inductor emulates it
 lane by lane; the kernel is therefore built scalar (``_CPU_OPTIONS``), which is faster.
