@@ -103,6 +103,27 @@ def test_eager_mode_never_compiles(mode, failing_compile, monkeypatch):
     assert failing_compile == [] and FF.fused_status() == {}
 
 
+def test_the_cpu_kernel_is_built_scalar_with_the_key_as_runtime_arguments(monkeypatch, fresh):
+    """Why: Inductor's AVX2 vector code emulates each int64 multiply lane by lane (extract, imul,
+    insert) and loads integers through a stack buffer; its scalar loop is 1.9x faster here. The
+    key must stay out of the C++ source (closure values, traced as symbolic ints): with literal
+    multipliers GCC bounds the loop by the signed overflow of ``position * KEY_POS`` and skips
+    almost all of it (wrong sums; the "mark_dynamic gave wrong 2-byte sums" of an earlier note)."""
+    seen = []
+
+    def fake_compile(fn, **kw):
+        seen.append((fn.__code__.co_freevars, kw))
+        return fn
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    from gpu_monitor.sdc.fingerprint import _FUSED_KEY
+
+    FF._compiled_for(torch.device("cpu"), 4, _FUSED_KEY)
+    (freevars, kw), = seen
+    assert kw["options"] == {"cpp.simdlen": 1} and kw["dynamic"] is True
+    assert "m" in freevars  # the key is read from the closure, not baked into the code
+
+
 def test_small_tensors_small_chunks_and_traced_callers_take_the_eager_form(mode, monkeypatch):
     mode("compiled")
     cpu = torch.device("cpu")
@@ -164,6 +185,27 @@ def test_overflow_vectors_compiled_equal_eager(device, width, chunk, mode, monke
         assert tuple(row[:2]) == closed_form(c, n)
     if width == 8:  # columns 0 and 1 wrap modulo 2^64 themselves
         assert abs(n * info.max) >= 2**63 and row[0] == s64(n * -1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("width", [4, 8])
+def test_float_bit_patterns_read_through_a_float_view_keep_every_bit(width, mode, monkeypatch):
+    """Floating-point tensors are fingerprinted by their bits: signalling and quiet NaNs with
+    payloads, infinities, -0.0 and denormals reach the compiled formula unchanged."""
+    it, ft = INT_BY_WIDTH[width], FLOAT_BY_WIDTH[width]
+    bits = 8 * width
+    exp_all = ((1 << (bits - {4: 9, 8: 12}[width])) - 1) << {4: 23, 8: 52}[width]  # exponent ones
+    patterns = [exp_all | 1, exp_all | 0x5A5A, exp_all | (1 << ({4: 22, 8: 51}[width])),  # NaNs
+                exp_all, 1 << (bits - 1), 1, 3]  # +inf, -0.0, denormals
+    pats = torch.tensor([s64(x) if width == 8 else x - (1 << 32) * (x >= 1 << 31)
+                         for x in patterns], dtype=torch.int64).to(it)
+    n = FF.FUSED_MIN + 11
+    ints = pats.repeat(n // len(patterns) + 1)[:n]
+    ints[::3] = -ints[::3]  # sign bit set on some of them too
+    t = ints.view(ft)
+    mode("compiled")
+    got = fingerprints([t, ints]).tolist()
+    assert got[0] == got[1] == eager([ints], monkeypatch)[0]
 
 
 @pytest.mark.slow
