@@ -37,7 +37,12 @@ def summary(values) -> str:
 def start_daemon(args: list[str], port: int, env=None) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "gpu_monitor", "daemon", "--listen", f"127.0.0.1:{port}",
            "--log-level", "warning", *args]
-    proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})})
+    env = {**os.environ, **(env or {})}
+    # ``python -m`` puts the working directory first on sys.path, before $PYTHONPATH: a daemon
+    # meant to run another checkout's code (PYTHONPATH=<tree>, --tree) starts in that tree, or
+    # it would run this checkout's whatever the variable says.
+    tree = env.get("PYTHONPATH", "").split(os.pathsep)[0]
+    proc = subprocess.Popen(cmd, env=env, cwd=tree if tree and os.path.isdir(tree) else None)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
