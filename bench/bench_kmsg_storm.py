@@ -103,6 +103,19 @@ def cpu_pct(rows, t0: float, t1: float) -> float:
     return 100 * (inside[-1][4] - inside[0][4]) / (inside[-1][0] - inside[0][0])
 
 
+def launch(args):
+    """The daemon following an empty kernel-log file of its own: (the file, the daemon's
+    process, a Sampler of it)."""
+    tmp = tempfile.mkdtemp(prefix="bench-storm-")
+    path = os.path.join(tmp, "kern.log")
+    open(path, "w").close()
+    port = free_port()
+    env = {"PYTHONPATH": os.path.abspath(args.tree)} if args.tree else None
+    daemon = start_daemon(["--simulate", "h100-sxm-8", "--kmsg", path,
+                           "--state", os.path.join(tmp, "state.db")], port, env=env)
+    return path, daemon, Sampler(port, daemon.pid)
+
+
 def worst_gaps(runs: dict[str, set[float]], t0: float, t1: float) -> dict[str, float]:
     """Per polled check, the longest time between two of its runs seen that end in
     [t0, t1] (Unix times): the cadence the scheduler kept."""
@@ -148,14 +161,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.backlog:
         return backlog(args)
-    tmp = tempfile.mkdtemp(prefix="bench-storm-")
-    path = os.path.join(tmp, "kern.log")
-    open(path, "w").close()
-    port = free_port()
-    env = {"PYTHONPATH": os.path.abspath(args.tree)} if args.tree else None
-    daemon = start_daemon(["--simulate", "h100-sxm-8", "--kmsg", path,
-                           "--state", os.path.join(tmp, "state.db")], port, env=env)
-    sampler = Sampler(port, daemon.pid)
+    path, daemon, sampler = launch(args)
     rng = random.Random(18)
     try:
         wait_for_gate(sampler)
@@ -225,14 +231,7 @@ def main() -> int:
 
 def backlog(args) -> int:
     """The daemon's own ingest rate: the storm written whole while it is stopped."""
-    tmp = tempfile.mkdtemp(prefix="bench-storm-")
-    path = os.path.join(tmp, "kern.log")
-    open(path, "w").close()
-    port = free_port()
-    env = {"PYTHONPATH": os.path.abspath(args.tree)} if args.tree else None
-    daemon = start_daemon(["--simulate", "h100-sxm-8", "--kmsg", path,
-                           "--state", os.path.join(tmp, "state.db")], port, env=env)
-    sampler = Sampler(port, daemon.pid)
+    path, daemon, sampler = launch(args)
     try:
         wait_for_gate(sampler)
         base_read = sampler.sample()[1] or 0.0
