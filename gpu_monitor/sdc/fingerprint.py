@@ -218,6 +218,14 @@ def _one_segment(flat, start: int, length: int, chunk: int):
     return s0, s1, z.sum()
 
 
+def _eager_row(flat) -> Any:
+    """The [3] row of one flat int tensor in the eager form, in one segment (the fused form's
+    first-use check: fingerprint_fused.py, guarantee 5)."""
+    import torch
+
+    return torch.stack(_one_segment(flat, 0, flat.numel(), flat.numel()))
+
+
 def _packed(flats: list, device) -> Any:
     """[k, 3] rows for k small flat int tensors, all in one concatenated buffer."""
     import torch
@@ -284,7 +292,7 @@ def fingerprints(tensors: Sequence[Any], *, chunk_elems: int | None = None) -> t
         for j, (_, flat) in enumerate(entries):
             n = flat.numel()
             if use_fused(dev, n, chunk_elems):
-                row = fused_rows(flat, chunk_elems, _FUSED_KEY)
+                row = fused_rows(flat, chunk_elems, _FUSED_KEY, reference=_eager_row)
                 if row is not None:
                     rows[j] = row
                     continue

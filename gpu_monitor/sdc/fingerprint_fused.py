@@ -33,6 +33,15 @@ Guarantees:
    stay on the eager path, where fingerprint.py packs them together.
 4. Not inside someone else's graph. While ``torch.compile`` traces the caller
    (``torch.compiler.is_compiling()``), the eager form is used.
+5. A compiled kernel is checked before its first answer counts. The generated code does int64
+   arithmetic that wraps, which C and C++ leave undefined: a C++ compiler that reasons from
+   signed overflow may skip part of the loop (it did, with the key's constants literal: see
+   ``_CPU_OPTIONS``) and return a wrong sum in microseconds, which would be a false SDC alarm on
+   a healthy node. So the first fused call for each (device, element width) also computes a
+   probe of random bit patterns and the width's extremes (``FUSED_MIN + 3`` elements) both
+   ways; a fused row that differs from the eager one is a failure of the fused form like any
+   other (guarantee 2: the eager form from then on, in mode ``auto``; an error in mode
+   ``compiled``).
 
 The compile cache is Inductor's own, on disk: ``$TORCHINDUCTOR_CACHE_DIR`` (default
 ``/tmp/torchinductor_<user>``) holds the FX-graph cache and the built C++ libraries, Triton's
@@ -53,8 +62,8 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["FUSED_MIN", "MODE_ENV", "MODES", "eager_here", "fingerprint_mode", "fused_rows",
-           "fused_status", "use_fused"]
+__all__ = ["FUSED_MIN", "MODE_ENV", "MODES", "FusedMismatch", "eager_here", "fingerprint_mode",
+           "fused_rows", "fused_status", "use_fused"]
 
 MODE_ENV = "GPU_MONITOR_SDC_FINGERPRINTS"
 MODES = ("auto", "eager", "compiled")
@@ -66,6 +75,7 @@ _lock = threading.Lock()
 _compiled: dict[tuple[str, int], Any] = {}  # (device, width) -> compiled callable
 _broken: dict[str, str] = {}  # device type -> why the fused form is off there
 _used: dict[str, str] = {}  # device type -> "compiled" once a fused call succeeded
+_checked: set[tuple[str, int]] = set()  # (device, width) whose kernel matched eager (guarantee 5)
 _here = threading.local()  # eager_here() depth on this thread
 
 
@@ -177,16 +187,51 @@ def _segments(flat, chunk: int | None, consts: dict[str, int]) -> Any:
     return rows[0] if len(rows) == 1 else torch.stack(rows).sum(0)
 
 
-def fused_rows(flat, chunk: int | None, consts: dict[str, int]):
+class FusedMismatch(RuntimeError):
+    """The compiled kernel's row differs from the eager form's on the probe (guarantee 5)."""
+
+
+def _probe(dtype, device):
+    """Random bit patterns of ``dtype``'s width, its extremes and -1 first (guarantee 5)."""
+    import torch
+
+    width = torch.empty((), dtype=dtype).element_size()
+    gen = torch.Generator().manual_seed(5)
+    raw = torch.randint(0, 256, ((FUSED_MIN + 3) * width,), dtype=torch.uint8, generator=gen)
+    probe = raw.view(dtype).clone()
+    info = torch.iinfo(dtype)
+    probe[:3] = torch.tensor([info.min, info.max, -1], dtype=dtype)
+    return probe.to(device)
+
+
+def _check_once(flat, consts: dict[str, int], reference) -> None:
+    """Guarantee 5 for ``flat``'s device and width, once per process; raises FusedMismatch."""
+    import torch
+
+    key = (str(flat.device), flat.element_size())
+    if reference is None or key in _checked:
+        return
+    probe = _probe(flat.dtype, flat.device)
+    fused, want = _segments(probe, None, consts), reference(probe)
+    if not torch.equal(fused.to(want.device), want):
+        raise FusedMismatch(f"the compiled {key[1]}-byte kernel on {key[0]} gave "
+                            f"{fused.tolist()} for the probe, the eager form {want.tolist()}")
+    with _lock:
+        _checked.add(key)
+
+
+def fused_rows(flat, chunk: int | None, consts: dict[str, int], reference=None):
     """The [3] fingerprint row of one flat int tensor, fused; ``None``: use the eager form.
 
     ``consts``: the fixed key as signed int64 values, named as in ``_make_formula`` (given by
-    fingerprint.py, which owns the definition).
+    fingerprint.py, which owns the definition). ``reference``: the eager form's [3] row of a
+    flat int tensor, for the first-use check (guarantee 5).
 
     Returns ``None`` only in mode ``auto`` after a failure (guarantee 2), which it records.
     """
     dev_type = flat.device.type
     try:
+        _check_once(flat, consts, reference)
         row = _segments(flat, chunk, consts)
     except Exception as exc:  # noqa: BLE001 - guarantee 2: any failure means the eager form
         if fingerprint_mode() == "compiled":
@@ -209,3 +254,4 @@ def _reset_for_tests() -> None:
         _compiled.clear()
         _broken.clear()
         _used.clear()
+        _checked.clear()

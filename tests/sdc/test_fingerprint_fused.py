@@ -97,6 +97,55 @@ def test_compiled_mode_raises_instead_of_falling_back(mode, failing_compile):
         fingerprints([big()])
 
 
+@pytest.fixture
+def kernel(monkeypatch, fresh):
+    """torch.compile as the identity (the formula runs as plain torch ops), each call counted;
+    ``kernel.skew`` is added to every row it returns: a miscompiled kernel."""
+    class Kernel:
+        calls = 0
+        skew = torch.zeros(3, dtype=torch.int64)
+
+    def fake_compile(fn, **kw):
+        def run(v, start):
+            Kernel.calls += 1
+            return fn(v, start) + Kernel.skew
+
+        return run
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    return Kernel
+
+
+def test_a_kernel_is_checked_against_eager_once_before_its_first_answer(mode, kernel,
+                                                                       monkeypatch):
+    mode("compiled")
+    t = big()
+    assert fingerprints([t]).tolist() == eager([t], monkeypatch)
+    assert kernel.calls == 2  # the probe, then the tensor
+    fingerprints([big(1)])
+    assert kernel.calls == 3  # checked once per (device, width)
+    fingerprints([big(2).to(torch.float64)])
+    assert kernel.calls == 5  # another width: another kernel, checked too
+
+
+def test_a_miscompiled_kernel_is_caught_by_the_check_and_eager_answers(mode, kernel,
+                                                                      monkeypatch, caplog):
+    mode("auto")
+    kernel.skew = torch.tensor([0, 0, 1])  # e.g. a loop cut short by an overflow assumption
+    t = big()
+    assert fingerprints([t]).tolist() == eager([t], monkeypatch)
+    assert FF.fused_status()["cpu"].startswith("eager: FusedMismatch: the compiled 4-byte kernel")
+    assert "using the eager form" in caplog.text
+    assert kernel.calls == 1  # the probe only: its wrong row never reached a caller
+
+
+def test_compiled_mode_raises_on_a_miscompiled_kernel(mode, kernel):
+    mode("compiled")
+    kernel.skew = torch.tensor([1, 0, 0])
+    with pytest.raises(FF.FusedMismatch, match="gave .* for the probe, the eager form"):
+        fingerprints([big()])
+
+
 def test_eager_mode_never_compiles(mode, failing_compile, monkeypatch):
     mode("eager")
     fingerprints([big()])
