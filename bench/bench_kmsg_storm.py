@@ -54,7 +54,10 @@ def wait_for_gate(sampler: Sampler, limit_s: float = 120.0) -> None:
     would otherwise read the storm too, once, and be measured as the follower. (Sampled, so
     the polled checks' cadence before the storm is seen meanwhile.)"""
     deadline = time.monotonic() + limit_s
-    while GATE_PENDING in sampler.sample(want_text=True) and time.monotonic() < deadline:
+    while GATE_PENDING in sampler.sample(want_text=True):
+        if time.monotonic() >= deadline:
+            sys.exit(f"the bootstrap gate was still pending after {limit_s:.0f} s: the storm "
+                     "would be measured together with its scan; not measuring")
         time.sleep(0.5)
 
 
