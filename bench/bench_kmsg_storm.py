@@ -267,7 +267,9 @@ def backlog(args) -> int:
         daemon.send_signal(signal.SIGCONT)
         daemon.terminate()
         daemon.wait(timeout=30)
-    got = (read or 0.0) - base_read
+    # A daemon without the read counter (an older --tree) has read the whole backlog once
+    # every Xid in it is counted.
+    got = (lines if counted >= want else 0.0) if read is None else read - base_read
     print(f"daemon tree: {args.tree or 'this checkout'}; load average {os.getloadavg()}")
     print(f"backlog: {lines} lines ({os.path.getsize(path) / 2**20:.0f} MiB), {want} Xids, "
           f"written while the daemon was stopped")
