@@ -106,9 +106,9 @@ def kernel(monkeypatch, fresh):
         skew = torch.zeros(3, dtype=torch.int64)
 
     def fake_compile(fn, **kw):
-        def run(v, start):
+        def run(*args):
             Kernel.calls += 1
-            return fn(v, start) + Kernel.skew
+            return fn(*args) + Kernel.skew
 
         return run
 
@@ -152,25 +152,56 @@ def test_eager_mode_never_compiles(mode, failing_compile, monkeypatch):
     assert failing_compile == [] and FF.fused_status() == {}
 
 
-def test_the_cpu_kernel_is_built_scalar_with_the_key_as_runtime_arguments(monkeypatch, fresh):
-    """Why: Inductor's AVX2 vector code emulates each int64 multiply lane by lane (extract, imul,
-    insert) and loads integers through a stack buffer; its scalar loop is 1.9x faster here. The
-    key must stay out of the C++ source (closure values, traced as symbolic ints): with literal
-    multipliers GCC bounds the loop by the signed overflow of ``position * KEY_POS`` and skips
-    almost all of it (wrong sums; the "mark_dynamic gave wrong 2-byte sums" of an earlier note)."""
+@pytest.mark.parametrize("isa_bits, width, vector, rows", [
+    (512, 4, True, True), (512, 8, True, True), (512, 1, False, False), (512, 2, False, False),
+    (256, 4, False, True), (256, 8, False, True), (256, 1, False, False), (0, 4, False, True)])
+def test_the_cpu_kernel_form_and_options_follow_the_isa_and_the_key_stays_runtime(
+        isa_bits, width, vector, rows, monkeypatch, fresh):
+    """Why (fingerprint_fused.py, ``_ROW_COLS``): 4- and 8-byte elements take the rows form (the
+    1-D loop waits on memory); vector code only with AVX-512 (a 64-bit lane multiply; AVX2's is
+    emulated lane by lane, slower than scalar) and only for those widths (1-byte elements were
+    slower vectorised; Inductor does not vectorise 2-byte ones). The key must stay out of the
+    C++ source (closure values, traced as symbolic ints): with literal multipliers GCC bounds a
+    scalar loop by the signed overflow of ``position * KEY_POS`` and skips almost all of it."""
+    from torch._inductor import cpu_vec_isa
+
+    class Isa:
+        def bit_width(self):
+            return isa_bits
+
+    monkeypatch.setattr(cpu_vec_isa, "pick_vec_isa", lambda: Isa())
     seen = []
 
+    def closure(fn):  # names and constants of fn and of the functions it closes over
+        names, consts = set(fn.__code__.co_freevars), set(fn.__code__.co_consts)
+        for cell in fn.__closure__ or ():
+            if callable(cell.cell_contents) and hasattr(cell.cell_contents, "__code__"):
+                more_names, more_consts = closure(cell.cell_contents)
+                names |= more_names
+                consts |= more_consts
+        return names, consts
+
     def fake_compile(fn, **kw):
-        seen.append((fn.__code__.co_freevars, kw))
+        seen.append((closure(fn), fn.__code__.co_varnames, kw))
         return fn
 
     monkeypatch.setattr(torch, "compile", fake_compile)
     from gpu_monitor.sdc.fingerprint import _FUSED_KEY
 
-    FF._compiled_for(torch.device("cpu"), 4, _FUSED_KEY)
-    (freevars, kw), = seen
-    assert kw["options"] == {"cpp.simdlen": 1} and kw["dynamic"] is True
+    FF._compiled_for(torch.device("cpu"), width, _FUSED_KEY)
+    ((freevars, consts), names, kw), = seen
+    assert kw["options"] == ({} if vector else {"cpp.simdlen": 1}) and kw["dynamic"] is True
     assert "m" in freevars  # the key is read from the closure, not baked into the code
+    assert not consts & {v for v in _FUSED_KEY.values() if abs(v) > 64}
+    assert ("bulk" in names) == rows
+
+
+@pytest.mark.parametrize("n", [6, 7, 8200, 8201, FF.FUSED_MIN, FF.FUSED_MIN + 3, 3 << 20])
+def test_the_rows_split_leaves_every_size_at_two_or_more(n):
+    nrows, cols = FF._split(n)
+    assert nrows >= 2 and 2 <= cols <= FF._ROW_COLS and 2 <= n - nrows * cols <= cols + 1
+    if n >= 2 * FF._ROW_COLS + 2:
+        assert cols == FF._ROW_COLS
 
 
 def test_small_tensors_small_chunks_and_traced_callers_take_the_eager_form(mode, monkeypatch):
@@ -298,3 +329,25 @@ def test_by_default_a_large_tensor_takes_the_fused_form(monkeypatch, fresh):
     row = fingerprints([t]).tolist()
     assert FF.fused_status() == {"cpu": "compiled"}
     assert row == eager([t], monkeypatch)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("width", [4, 8])
+def test_one_graph_per_width_whatever_the_length(width, mode, monkeypatch, fresh):
+    """Guarantee 3 in the rows form: rows, columns and tail are separate inputs of >= 2 elements
+    (dynamo specialises 0 and 1, also for a derived size such as a remainder), and the first trace
+    (the probe: 16 rows of 4096, a tail of 3) gives them different sizes, so duck sizing ties none
+    of them together: lengths with a tail of exactly a row, a row plus one, two, or a long one
+    reuse that graph."""
+    from torch._dynamo.utils import counters
+
+    mode("compiled")
+    it = INT_BY_WIDTH[width]
+    gen = torch.Generator().manual_seed(width)
+    ts = [torch.randint(-1000, 1000, (n,), dtype=torch.int64, generator=gen).to(it)
+          for n in (FF.FUSED_MIN, FF.FUSED_MIN + 1, 5 * 4096 * 4 + 4097, 3 * FF.FUSED_MIN + 7)]
+    fingerprints(ts[:1])  # the probe and the first tensor
+    graphs = counters["stats"]["unique_graphs"]
+    got = fingerprints(ts).tolist()
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert got == eager(ts, monkeypatch)
