@@ -22,7 +22,6 @@ import signal
 import socket
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +39,7 @@ from gpu_monitor.kube.errors import KubeConfigError
 from gpu_monitor.model import EXIT_USAGE, Kind, UsageError
 from gpu_monitor.nodeview.cli import register as register_nodeview
 from gpu_monitor.profiles import ProfileError, load_profile, match_profile
+from gpu_monitor.progress import Progress, expected_durations
 from gpu_monitor.registry import all_check_classes
 from gpu_monitor.remediate.cli import register as register_remediation
 from gpu_monitor.remediate.slurm.tools import SlurmError, SlurmTools
@@ -388,80 +388,6 @@ def _kube_factory(args: argparse.Namespace):
     except KubeConfigError as exc:
         flag = "--kubeconfig" if path else f"--context {context}"
         raise UsageError(f"{flag} {exc}") from None
-
-
-# --- output ---------------------------------------------------------------------------------------
-
-
-def expected_durations(checks, ctx) -> list[tuple[float, bool]]:
-    """How long each check is expected to take: ``(seconds, measured)``.
-
-    The duration of its last completed run in the store when there is one (``measured``),
-    else its time budget (the configured ``timeout_s``, else the declared timeout): an upper
-    bound, not a guess from other checks. The passive checks take milliseconds; averaging
-    them said "~3 s" in front of a burn-in with half a minute to go.
-    """
-    out: list[tuple[float, bool]] = []
-    for check in checks:
-        info = None
-        if ctx.store is not None:
-            try:
-                info = ctx.store.last_run(check.name)
-            except Exception:  # noqa: BLE001 - an estimate is never worth failing a run
-                info = None
-        if info is not None and info.success:
-            out.append((max(0.0, float(info.duration_s)), True))
-            continue
-        try:
-            budget = float(ctx.setting(check.name, "timeout_s", check.timeout))
-        except (TypeError, ValueError, AttributeError):
-            budget = float(check.timeout)
-        out.append((max(0.0, budget), False))
-    return out
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
-class Progress:
-    """Check, elapsed time and an ETA on a terminal (stderr), silent otherwise.
-
-    ``expected[i]`` is check i's ``(seconds, measured)`` (``expected_durations``): the ETA at
-    check i is the sum over the checks still to run, this one included, written ``~N`` when
-    every term was measured and ``<= N`` when some are only time budgets.
-    """
-
-    def __init__(self, stream=None, expected: list[tuple[float, bool]] | None = None):
-        self.stream = stream or sys.stderr
-        self.enabled = self.stream.isatty()
-        self.t0 = time.monotonic()
-        self.expected = list(expected or ())
-
-    def eta(self, i: int) -> str:
-        rest = self.expected[i:]
-        if not rest:
-            return ""
-        seconds = sum(s for s, _ in rest)
-        mark = "~" if all(m for _, m in rest) else "<= "
-        return f", ETA {mark}{_duration(seconds)}"
-
-    def start(self, check, i: int, total: int) -> None:
-        if not self.enabled:
-            return
-        elapsed = time.monotonic() - self.t0
-        self.stream.write(f"\r\x1b[K[{i + 1}/{total}] {check.name} "
-                          f"(elapsed {elapsed:.0f} s{self.eta(i)})")
-        self.stream.flush()
-
-    def done(self, outcome, i: int, total: int) -> None:
-        if self.enabled and i + 1 == total:
-            self.stream.write("\r\x1b[K")
-            self.stream.flush()
 
 
 # --- commands --------------------------------------------------------------------------------------

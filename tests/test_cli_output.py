@@ -11,11 +11,12 @@ from datetime import timedelta
 import pytest
 
 from gpu_monitor.check import Context
-from gpu_monitor.cli import Progress, expected_durations, main
+from gpu_monitor.cli import main
 from gpu_monitor.clock import FakeClock
 from gpu_monitor.config import DEFAULT_CONFIG
 from gpu_monitor.model import Kind, Report, Result, RunOutcome, Status
 from gpu_monitor.profiles import load_profile
+from gpu_monitor.progress import Progress, expected_durations
 from gpu_monitor.registry import all_check_classes, select
 from gpu_monitor.report_output import render_table
 from gpu_monitor.sim.inject import KINDS, parse
