@@ -556,27 +556,11 @@ class RdmaPorts(BuiltinCheck):
                                + ("; ".join(relevant) or "state files not exported"), details)
         down = port_is_down(port)
         tr = tr or Track()
-        downed = port.counter("link_downed")
         open_start = tr.open_start()
         current = 0.0 if open_start is None else now - open_start
         downtime, longest, outages = window_stats(tr.intervals, now - s.window_s, now)
-        worst = longest_interval(tr.intervals, now - s.window_s, now)
-        details.update({
-            "downtime_s": round(downtime, 3), "window_s": s.window_s, "budget_s": s.budget_s,
-            "warning_s": round(s.warning_s, 3), "nccl_tolerance_s": round(s.tolerance_s, 3),
-            "nccl_ib_timeout": s.ib_timeout, "nccl_ib_retry_cnt": s.retry_cnt,
-            "longest_outage_s": round(longest, 3), "current_outage_s": round(current, 3),
-            "outages_in_window": outages, "flaps_between_polls": len(tr.flaps),
-            "link_downed": downed, "link_downed_saturated": downed == LINK_DOWNED_MAX,
-            # The longest outage's bounds (epoch s; end None while open), and those of every
-            # outage NCCL did not survive: each keys one fail-fast notice (docs/workloads.md).
-            "longest_outage_start": None if worst is None else round(worst[0], 6),
-            "longest_outage_end": None if worst is None or worst[1] is None
-            else round(worst[1], 6),
-            "outages_over_tolerance": [
-                [round(a, 6), None if b is None else round(b, 6)]
-                for a, b in intervals_over(tr.intervals, s.tolerance_s, now - s.window_s, now)],
-        })
+        details.update(_window_details(s, tr, port, now, current,
+                                       (downtime, longest, outages)))
         rate_low = (not down and s.rate_gbit is not None and port.rate_gbit is not None
                     and port.rate_gbit < s.rate_gbit)
         now_txt = (f"{name} is {port.state}/{port.phys_state}" if down else f"{name} is up")
@@ -613,3 +597,29 @@ class RdmaPorts(BuiltinCheck):
                                f"{name} runs at {port.rate_text or port.rate_gbit}, below the "
                                f"expected {s.rate_gbit:g} Gb/s", details, Action.WATCH)
         return self.ok(ctx, target, f"{now_txt}; {summary}", details)
+
+
+def _window_details(s: Settings, tr: Track, port: IbPort, now: float, current: float,
+                    stats: tuple[float, float, int]) -> dict[str, Any]:
+    """The downtime window's figures for a port's result: its budget and NCCL's tolerance,
+    the outages in it, and the bounds of the longest and of each one NCCL did not survive
+    (epoch s; an end is None while the outage is open): each keys one fail-fast notice
+    (docs/workloads.md). ``stats``: ``window_stats`` of the window (downtime, longest, count).
+    """
+    downtime, longest, outages = stats
+    worst = longest_interval(tr.intervals, now - s.window_s, now)
+    downed = port.counter("link_downed")
+    return {
+        "downtime_s": round(downtime, 3), "window_s": s.window_s, "budget_s": s.budget_s,
+        "warning_s": round(s.warning_s, 3), "nccl_tolerance_s": round(s.tolerance_s, 3),
+        "nccl_ib_timeout": s.ib_timeout, "nccl_ib_retry_cnt": s.retry_cnt,
+        "longest_outage_s": round(longest, 3), "current_outage_s": round(current, 3),
+        "outages_in_window": outages, "flaps_between_polls": len(tr.flaps),
+        "link_downed": downed, "link_downed_saturated": downed == LINK_DOWNED_MAX,
+        "longest_outage_start": None if worst is None else round(worst[0], 6),
+        "longest_outage_end": None if worst is None or worst[1] is None
+        else round(worst[1], 6),
+        "outages_over_tolerance": [
+            [round(a, 6), None if b is None else round(b, 6)]
+            for a, b in intervals_over(tr.intervals, s.tolerance_s, now - s.window_s, now)],
+    }
