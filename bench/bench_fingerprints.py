@@ -1,14 +1,16 @@
 """How fast ``gpu_monitor.sdc.fingerprints`` is: it runs on the training step's path.
 
-One run reports, on one 256 MiB fp32 tensor (64 Mi elements), interleaved round after round (a
-shared machine's noise hits every contender alike), the best of ``--repeats`` for:
+One run reports, on one 256 MiB fp32 tensor (64 Mi elements; ``--dtype`` another element type,
+the same bytes), interleaved round after round (a shared machine's noise hits every contender
+alike), the best of ``--repeats`` for:
 
 - ``compiled``: ``fingerprints([t])`` in its fused form (``torch.compile``; Inductor C++ on the
   CPU, Triton on CUDA), all three columns in one pass;
 - ``eager``: the same call in the eager form ($GPU_MONITOR_SDC_FINGERPRINTS=eager);
 - ``naive``: the two linear columns only, each 16 Mi-element chunk widened to int64, multiplied by
   an ``arange`` of its positions, plain and weighted sums;
-- ``sum``: ``t.sum()``, a floating-point reduction: the memory-bandwidth yardstick.
+- ``sum``: ``t.sum()``, a floating-point reduction: the memory-bandwidth yardstick (with another
+  ``--dtype``, still the sum of as many bytes of fp32: the yardstick stays the same).
 
 And the first-call cost of the fused form: two fresh processes on a fresh Inductor cache
 directory, each timing its first ``fingerprints`` call on a 1 Mi-element fp32 tensor (imports of
@@ -19,7 +21,7 @@ eager >= 2x the naive form. ``--device cuda`` gives the GPU figures; the default
 exists. ``--json PATH`` writes the figures for bench/gpu_check.sh.
 
 Usage: python bench/bench_fingerprints.py [--device cpu|cuda] [--repeats N] [--threads N]
-       [--mib N] [--no-first-call] [--json PATH]
+       [--mib N] [--dtype fp32|fp64|bf16|fp16|int8] [--no-first-call] [--json PATH]
 """
 
 from __future__ import annotations
@@ -40,10 +42,22 @@ from gpu_monitor.sdc import fingerprints  # noqa: E402
 from gpu_monitor.sdc.fingerprint_fused import MODE_ENV, fused_status  # noqa: E402
 
 NAIVE_CHUNK = 16 * 1024 * 1024
+DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16,
+          "fp16": torch.float16, "int8": torch.int8}
+INT_BY_WIDTH = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bench_tensor(dtype: torch.dtype, mib: int, device: str) -> torch.Tensor:
+    """``mib`` MiB of ``dtype``: normal samples (floats) or uniform bytes (int8)."""
+    gen = torch.Generator().manual_seed(0)
+    n = mib * 1024 * 1024 // torch.empty((), dtype=dtype).element_size()
+    if dtype.is_floating_point:
+        return torch.randn(n, generator=gen).to(dtype).to(device)
+    return torch.randint(-128, 128, (n,), dtype=torch.int8, generator=gen).to(device)
 
 
 def naive(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    bits = t.reshape(-1).view(torch.int32)
+    bits = t.reshape(-1).view(INT_BY_WIDTH[t.element_size()])
     s0 = torch.zeros((), dtype=torch.int64, device=t.device)
     s1 = torch.zeros((), dtype=torch.int64, device=t.device)
     for start in range(0, bits.numel(), NAIVE_CHUNK):
@@ -117,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--mib", type=int, default=256)
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
+                    help="element type of the tensor (default fp32); sum stays fp32's")
     ap.add_argument("--no-first-call", action="store_true", help="skip the first-call timing")
     ap.add_argument("--first-call-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--json", help="also write the figures here")
@@ -127,8 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.first_call_only:
         print(f"{first_call(dev):.3f}")
         return 0
-    n = args.mib * 1024 * 1024 // 4
-    t = torch.randn(n, generator=torch.Generator().manual_seed(0)).to(dev)
+    t = bench_tensor(DTYPES[args.dtype], args.mib, dev)
+    yard = t if args.dtype == "fp32" else bench_tensor(torch.float32, args.mib, dev)
 
     rows = {m: in_mode(m, t)()[0].tolist() for m in ("eager", "compiled")}
     s0, s1 = naive(t)
@@ -136,16 +152,17 @@ def main(argv: list[str] | None = None) -> int:
     assert rows["eager"][:2] == [int(s0), int(s1)], "naive form disagrees"
     cpu: dict[str, float] = {}
     best = best_of({"compiled": in_mode("compiled", t), "eager": in_mode("eager", t),
-                    "naive": lambda: naive(t), "sum": t.sum}, args.repeats, dev, cpu)
-    gib = t.numel() * 4 / 2**30
+                    "naive": lambda: naive(t), "sum": yard.sum}, args.repeats, dev, cpu)
+    gib = t.numel() * t.element_size() / 2**30
     print(f"device {dev}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
-          f"tensor {args.mib} MiB fp32, best of {args.repeats}, fused: {fused_status()}")
+          f"tensor {args.mib} MiB {args.dtype}, best of {args.repeats}, fused: {fused_status()}")
     for name, s in best.items():
         print(f"  {name:9s} {s * 1e3:9.2f} ms  {gib / s:8.2f} GiB/s  "
               f"{best['sum'] / s:6.3f}x sum   CPU {cpu[name] * 1e3:9.2f} ms  "
               f"{cpu['sum'] / cpu[name]:6.3f}x sum")
     target = 0.25 if dev == "cpu" else 0.5
-    figures = {"device": dev, "mib": args.mib, "ms": {k: v * 1e3 for k, v in best.items()},
+    figures = {"device": dev, "mib": args.mib, "dtype": args.dtype,
+               "ms": {k: v * 1e3 for k, v in best.items()},
                "cpu_ms": {k: v * 1e3 for k, v in cpu.items()},
                "compiled_vs_sum": best["sum"] / best["compiled"],
                "compiled_vs_sum_cpu_time": cpu["sum"] / cpu["compiled"],

@@ -5,8 +5,8 @@ checks). The eager form in fingerprint.py widens every chunk to int64 and then m
 passes over it (copy, two sums, a weighted sum, three shift/mask/xor/multiply rounds, a sum);
 Inductor fuses the whole formula into one kernel that keeps the three running sums in registers
 (C++/OpenMP on CPUs, a Triton kernel on CUDA) and reads each element from memory once (on the
-CPU, a row at a time: then once more from cache). The eager form stays, as the reference the
-tests compare against and as the fallback.
+CPU, 4- and 8-byte elements a row at a time: then once more from cache). The eager form stays,
+as the reference the tests compare against and as the fallback.
 
 Speed on the CPU (torch 2.13; docs/sdc.md "Costs"; ``python bench/bench_fingerprints.py``, 256 MiB
 of fp32, best of 5): on the 2-core AVX-512 development VM 0.38-0.39x the throughput of
@@ -16,17 +16,25 @@ asks for 0.25x. Two changes (``_ROW_COLS``): the CPU kernel for 4- and 8-byte el
 tensor row by row, each row first summed (which streams it into cache) and then mixed from cache
 — the 1-D loop waited on memory, not on its five 64-bit multiplies per element — and on AVX-512
 it is Inductor's vector code (``vpmullq``); without AVX-512 it stays scalar (AVX2 has no 64-bit
-lane multiply and torch emulates it lane by lane, slower than scalar), and so do 1- and 2-byte
-elements, in the 1-D form.
+lane multiply and torch emulates it lane by lane, slower than scalar). 1- and 2-byte elements
+(bf16/fp16 gradients and weights, bytes) are read through 4-byte words, 4 // width elements to
+each, split out with shifts (the words form, ``_ROW_COLS``): on AVX-512, 256 MiB of bf16 in
+38 ms, 0.29x ``tensor.sum()`` of as many bytes of fp32 (CPU time 0.25x), and 256 MiB of int8
+in 63 ms, 0.18x (0.15x), where the 1-D scalar kernel before took 110 ms (0.10x) and 195 ms
+(0.055x) (``--dtype bf16|int8``, best of 3, the machine shared with a test run); without
+AVX-512 (or on a big-endian machine) they stay in the 1-D form, scalar.
 
 Guarantees:
 
 1. Same numbers. The compiled function is the definition itself, written with the same int64
    ring operations (wrapping multiply and add, arithmetic shift then mask for the logical shift);
-   integer sums do not depend on the order of the reduction. (The CPU's rows form splits the
-   position terms into a per-row and a per-column part, an identity of that ring: ``_ROW_COLS``.)
+   integer sums do not depend on the order of the reduction. (The CPU's rows and words forms
+   split the position terms into a per-row and a per-column part, an identity of that ring, and
+   the words form takes each element out of its word by shifts that sign-extend it exactly as
+   the element's own read would: ``_ROW_COLS``.)
    tests/sdc/test_fingerprint_fused.py compares compiled with eager on the pinned vectors and on
-   overflow vectors of every element width, one and several segments.
+   overflow vectors of every element width, one and several segments, and the words form on
+   every offset into the storage, every kind of tail and extremes in every element of a word.
 2. Never less available than eager. In mode ``auto`` (the default) any exception while compiling
    or running the fused form (no C++ compiler, no Triton, an Inductor error) switches that device
    type to the eager form for the rest of the process, with one warning; ``fused_status()`` says
@@ -34,7 +42,8 @@ Guarantees:
    mode ``eager`` never compiles. The mode is read from ``$GPU_MONITOR_SDC_FINGERPRINTS`` at
    every call, so a launcher or a test can set it for spawned ranks.
 3. Bounded compile work. One graph per (device, element width), dynamic in the tensor's length
-   (in the CPU's rows form: in its rows and tail, every size kept >= 2 by ``_split``),
+   (in the CPU's rows and words forms: in their head, rows and tail, every size kept >= 2 by
+   ``_split`` and ``_split_words``; the words form also takes any offset into the storage),
    each with its own code object so that dynamo's per-code recompile limit (8) is never shared
    between them; the only other guards are global modes (deterministic algorithms on audit steps
    toggles one), and the call always runs under ``no_grad``. Tensors below ``FUSED_MIN`` elements
@@ -65,6 +74,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import threading
 import types
 from collections.abc import Iterator
@@ -136,13 +146,16 @@ def use_fused(device, numel: int, chunk: int | None) -> bool:
     return mode == "compiled" or device.type not in _broken
 
 
-def _make_formula(torch, m: dict[str, int], name: str, rows: bool):
+def _make_formula(torch, m: dict[str, int], name: str, form: str, lanes: int = 1):
     """The definition as one traceable function, given a code object of its own (guarantee 3).
 
-    ``rows=False``: the definition as written, ``(v, start)``, over the positions
-    ``arange(1..n) + start``. ``rows=True`` (the CPU): the same numbers for a segment given as
-    ``(bulk, tail, start, cpos, cposk)``, its bulk viewed as ``[rows, cols]`` and the rest a 1-D
-    tail (``_split``); see ``_ROW_COLS`` for why and for the identities it relies on.
+    ``form="flat"``: the definition as written, ``(v, start)``, over the positions
+    ``arange(1..n) + start``. ``form="rows"`` (the CPU, 4- and 8-byte elements): the same numbers
+    for a segment given as ``(bulk, tail, start, cpos, cposk)``, its bulk viewed as ``[rows,
+    cols]`` and the rest a 1-D tail (``_split``). ``form="words"`` (the CPU, 1- and 2-byte
+    elements, ``lanes = 4 // width`` of them in each 4-byte word): ``(head, words, tail, start,
+    cposw, *cposk)``, the bulk read as ``[rows, cols]`` int32 words (``_split_words``); see
+    ``_ROW_COLS`` for why and for the identities these rely on.
     """
 
     def mix(x):
@@ -174,16 +187,51 @@ def _make_formula(torch, m: dict[str, int], name: str, rows: bool):
                             (rsum * base).sum() + (z * cpos).sum(1).sum() + c1,
                             mix(x).sum(1).sum() + c2])
 
-    fn = formula_rows if rows else formula
+    bits = 32 // lanes  # of one element in the word
+
+    def formula_words(head, words, tail, start, cposw, *cposk):
+        nrows, cols = words.shape
+        # element k of each word (little-endian: the k-th lowest ``bits`` bits), sign-extended by
+        # shifting it to the top of the int32 and back (arithmetic), then widened; the top one's
+        # sign is the word's
+        v = [((words << (32 - bits * (k + 1))) >> (32 - bits)).to(torch.int64)
+             for k in range(lanes - 1)]
+        v.append((words >> (32 - bits)).to(torch.int64))
+        # sum_k v_k and sum_k (k + 1) * v_k (the word's column-1 part beyond lanes * c), by adds
+        vsum, upper = v[0], v[lanes - 1]
+        vpos = upper
+        for k in range(lanes - 2, 0, -1):
+            upper = upper + v[k]
+            vpos = vpos + upper
+        for k in range(1, lanes):
+            vsum = vsum + v[k]
+        vpos = vpos + vsum
+        # no "rsum & 0" here: Inductor then runs the sums and the mixer in one loop over the
+        # row, which is faster for this form (its work per byte is 2 or 4 times the rows form's)
+        rsum = vsum.sum(1)
+        base = torch.arange(nrows, dtype=torch.int64, device=words.device) * (cols * lanes)
+        base = base + (start + head.numel())
+        rkey = base * m["kp"] + m["ks"]
+        # element k of word c sits at position base + cposw[c] + k + 1, cposw[c] = lanes * c
+        mixed = mix(v[0] * m["kb"] + (rkey[:, None] + cposk[0]))
+        for k in range(1, lanes):
+            mixed = mixed + mix(v[k] * m["kb"] + (rkey[:, None] + cposk[k]))
+        h0, h1, h2 = flat(head, start)
+        t0, t1, t2 = flat(tail, start + head.numel() + nrows * cols * lanes)
+        return torch.stack([rsum.sum() + h0 + t0,
+                            (rsum * base).sum() + (vsum * cposw + vpos).sum(1).sum() + h1 + t1,
+                            mixed.sum(1).sum() + h2 + t2])
+
+    fn = {"flat": formula, "rows": formula_rows, "words": formula_words}[form]
     code = fn.__code__.replace(co_name=name, co_qualname=name)
     return types.FunctionType(code, fn.__globals__, name, None, fn.__closure__)
 
 
-# The CPU form: rows for 4- and 8-byte elements, vector code where the ISA has a 64-bit lane
-# multiply. Measured on the 2-core AVX-512 development VM (torch 2.13, 64 Mi elements, two
-# threads unless said; ``t.sum()`` of 256 MiB of fp32: 11 ms).
+# The CPU forms: rows for 4- and 8-byte elements, words for 1- and 2-byte ones, vector code where
+# the ISA has a 64-bit lane multiply. Measured on the 2-core AVX-512 development VM (torch 2.13,
+# 64 Mi elements unless said, two threads; ``t.sum()`` of 256 MiB of fp32: 11 ms).
 #
-# Why rows (``_make_formula(rows=True)``). The 1-D loop is bound by memory latency, not by its
+# Why rows (``_make_formula(form="rows")``). The 1-D loop is bound by memory latency, not by its
 # arithmetic: each element's chain (three dependent 64-bit multiplies of ~15 cycles each) fills
 # the out-of-order window with a few cache lines' worth of work, so few loads are in flight, and
 # the hardware prefetcher evidently does not make up for it (a hand-written AVX-512 loop of the
@@ -201,15 +249,41 @@ def _make_formula(torch, m: dict[str, int], name: str, rows: bool):
 # vector 71-75 ms (0.15x sum), rows vector 29-32 ms (0.34-0.38x; row widths 512 to 16384 gave
 # 0.33-0.38x), rows scalar 64-67 ms, the 1-D scalar kernel used before 83 ms in a loop of calls
 # and 137-148 ms in bench/bench_fingerprints.py; int64: 1-D scalar 69-71 ms, rows vector 21-23 ms,
-# rows scalar 40 ms. 1- and 2-byte elements stay 1-D and scalar: 256 Mi int8 took 195 ms 1-D
-# scalar, 216 ms rows scalar, 405-411 ms rows vector (why Inductor's int8 vector code is that
+# rows scalar 40 ms. 1- and 2-byte elements in this rows form were no faster: 256 Mi int8 195 ms
+# 1-D scalar, 216 ms rows scalar, 405-411 ms rows vector (why Inductor's int8 vector code is that
 # slow was not examined); 128 Mi int16 115 ms 1-D, 114 ms rows (Inductor does not vectorise int16).
+#
+# Why words for 1- and 2-byte elements (``_make_formula(form="words")``). Inductor vectorises
+# int32 well, so the bulk is viewed as int32 words, ``lanes = 4 // width`` elements to a word:
+# in little-endian order element k of a word is its k-th lowest ``8 * width`` bits, taken out as
+# ``(word << (32 - bits * (k + 1))) >> (32 - bits)`` (int32 shifts, the right one arithmetic:
+# the element sign-extended, exactly as reading it as int8/int16 would) and the top one as
+# ``word >> (32 - bits)``, then widened to int64 (a left shift into the sign bit is defined in
+# C++20, and GCC documents that it never treats one as undefined; guarantee 5 checks the kernel
+# all the same). Positions as in the rows form, per word: element
+# k of word c in row r is at ``base_r + lanes * c + k + 1``, so the mixer adds a per-row scalar
+# and one per-column table per element of the word (``cposk_k``), and column 1 is ``sum_r base_r
+# * rowsum_r + sum(wordsum * lanes * c + sum_k (k + 1) * v_k)``, the last by adds alone: one
+# multiply per word, not per element. A 4-byte view needs the words to start on a multiple of
+# ``lanes`` in the storage, so a head of 2 .. lanes + 1 elements (by the tensor's offset) and the
+# tail go through the 1-D formula (``_split_words``); the tables are separate 1-D tensors (a
+# ``[lanes, cols]`` one would have a size dynamo could tie to an equal head's). Here the row's
+# sums and the mixer are left to share one loop (no ``& 0``): this form does 2 or 4 times the
+# arithmetic per byte of the rows form, and the separate summing loop (with the elements taken
+# out of the words twice) cost more than it saved: 128 Mi int16 46-68 ms in one loop, 52-88 ms
+# in two; 256 Mi int8 64 ms vs 92 ms (alternating, the machine shared with a test run).
+# Figures with ``bench/bench_fingerprints.py --dtype bf16|int8 --repeats 3`` (t.sum() of 256 MiB
+# fp32: 11 ms): 256 MiB bf16 38 ms (0.29x; CPU time 0.25x), the 1-D scalar kernel 110 ms
+# (0.10x); 256 MiB int8 63 ms (0.18x; 0.15x), 1-D scalar 195 ms (0.055x). The words form built
+# scalar is slower than the 1-D one (128 Mi int16 228-298 ms vs 121-180 ms), so without AVX-512
+# 1- and 2-byte elements keep the 1-D form, scalar; so does a big-endian machine.
 #
 # Why vector code only with AVX-512 (``_cpu_options``). AVX-512DQ has a 64-bit lane multiply
 # (``vpmullq``); AVX2 has none, and torch 2.13's ``at::vec`` emulates it lane by lane (extract,
 # imul, insert), slower than the scalar loop: on an AVX2 machine 358 ms vector vs 191 ms scalar
 # (1-D, fp32, one thread); here, the AVX2 build of the rows form (``cpp.simdlen=256``) 99 ms vs
-# 64 ms scalar. Without AVX-512 the kernel is therefore built scalar (``cpp.simdlen=1``).
+# 64 ms scalar. Without AVX-512 the kernel is therefore built scalar (``cpp.simdlen=1``), and
+# 1- and 2-byte elements take the 1-D form (``_form``).
 #
 # The key reaches the C++ code as runtime arguments (the closure's values are traced as symbolic
 # ints): with literal multipliers GCC bounds a scalar loop by the signed overflow of
@@ -217,8 +291,11 @@ def _make_formula(torch, m: dict[str, int], name: str, rows: bool):
 _ROW_COLS = 4096
 _SCALAR = {"cpp.simdlen": 1}
 _cpu_opts: list[bool] = []  # [whether the vector ISA is AVX-512], once known
-_row_tables: dict[tuple[str, int], tuple[Any, Any]] = {}  # (device, cols) -> (1..cols, · KEY_POS)
-ROWS_MIN = 6  # the rows form needs >= 2 rows of >= 2 columns and a tail of >= 2 (see _split)
+_BYTEORDER = sys.byteorder  # the words form reads element k of a word from its k-th lowest bits
+_row_tables: dict[tuple[str, int, int], tuple] = {}  # (device, cols, lanes) -> position tables
+# the rows form needs >= 2 rows of >= 2 columns and a tail of >= 2 (``_split``), the words form
+# a head of 2 .. lanes + 1 elements, then as many words and a tail of >= 2 (``_split_words``)
+ROWS_MIN = 24
 
 
 def _split(n: int) -> tuple[int, int]:
@@ -232,9 +309,20 @@ def _split(n: int) -> tuple[int, int]:
     return (n - 2) // cols, cols
 
 
-def _cpu_options(width: int) -> dict:
-    """Inductor options for the CPU kernel of ``width``-byte elements: Inductor's default vector
-    code on AVX-512 for 4- and 8-byte elements, else scalar (``_ROW_COLS``)."""
+def _split_words(n: int, offset: int, lanes: int) -> tuple[int, int, int]:
+    """(head, rows, cols) of a segment of ``n >= ROWS_MIN`` elements whose first one lies
+    ``offset`` elements into its storage, in the words form of ``lanes`` elements per 4-byte
+    word: a head of 2 .. lanes + 1 elements (the words start on a multiple of ``lanes`` in the
+    storage, as a 4-byte view needs), ``rows`` rows of ``cols`` words, and a tail, ``n - head -
+    rows * cols * lanes``, of 2 .. cols * lanes + 1 elements: every size >= 2 (``_split``)."""
+    head = 2 + (-(offset + 2)) % lanes
+    nwords = (n - head - 2) // lanes
+    cols = min(_ROW_COLS, nwords // 2)
+    return head, nwords // cols, cols
+
+
+def _avx512() -> bool:
+    """Whether Inductor's vector ISA here is 512 bits wide (AVX-512: a 64-bit lane multiply)."""
     if not _cpu_opts:
         try:
             from torch._inductor.cpu_vec_isa import pick_vec_isa
@@ -243,23 +331,46 @@ def _cpu_options(width: int) -> dict:
         except Exception:  # noqa: BLE001 - an Inductor without this helper: the safe choice
             wide = False
         _cpu_opts.append(wide)
-    return {} if _cpu_opts[0] and width >= 4 else dict(_SCALAR)
+    return _cpu_opts[0]
 
 
-def _in_rows(device, width: int) -> bool:
-    """Whether the kernel for ``device`` and ``width`` takes the rows form (``_ROW_COLS``)."""
-    return device.type == "cpu" and width >= 4
+def _cpu_options(width: int) -> dict:
+    """Inductor options for the CPU kernel of ``width``-byte elements: Inductor's default vector
+    code on AVX-512 for the rows and words forms, else scalar (``_ROW_COLS``)."""
+    vector = _avx512() and _form("cpu", width) != "flat"
+    return {} if vector else dict(_SCALAR)
 
 
-def _tables_for(device, cols: int, kp: int):
+def _form(dev_type: str, width: int) -> str:
+    """The kernel's form for a device type and ``width`` (``_make_formula``, ``_ROW_COLS``): the CPU
+    takes 4- and 8-byte elements in rows, and 1- and 2-byte ones through 4-byte words with
+    AVX-512 and a little-endian byte order (the order ``formula_words`` assumes; without vector
+    code the words form is slower than the 1-D one), otherwise 1-D."""
+    if dev_type != "cpu":
+        return "flat"
+    if width >= 4:
+        return "rows"
+    return "words" if _BYTEORDER == "little" and _avx512() else "flat"
+
+
+def _tables_for(device, cols: int, kp: int, lanes: int = 1) -> tuple:
+    """Rows form (``lanes=1``): ``(cpos, cposk)``, ``cpos = 1..cols`` and ``cpos * KEY_POS``.
+    Words form: ``(cposw, cposk_0, .., cposk_{lanes-1})``, ``cposw[c] = lanes * c`` and
+    ``cposk_k = (cposw + k + 1) * KEY_POS``: one 1-D table per element of the word, not a
+    ``[lanes, cols]`` one, whose first size dynamo would tie to an equal head's (duck sizing)."""
     import torch
 
-    key = (str(device), cols)
+    key = (str(device), cols, lanes)
     with _lock:
         tabs = _row_tables.get(key)
         if tabs is None:
-            cpos = torch.arange(1, cols + 1, dtype=torch.int64, device=device)
-            tabs = _row_tables[key] = (cpos, cpos * kp)
+            if lanes == 1:
+                cpos = torch.arange(1, cols + 1, dtype=torch.int64, device=device)
+                tabs = (cpos, cpos * kp)
+            else:
+                cposw = torch.arange(cols, dtype=torch.int64, device=device) * lanes
+                tabs = (cposw, *((cposw + (k + 1)) * kp for k in range(lanes)))
+            _row_tables[key] = tabs
     return tabs
 
 
@@ -274,7 +385,8 @@ def _compiled_for(device, width: int, consts: dict[str, int]):
             cpu = device.type == "cpu"
             # dynamic=True, not mark_dynamic on the input: the latter keeps the key's constants
             # literal, and a scalar C++ loop is then miscompiled (see _ROW_COLS).
-            fn = torch.compile(_make_formula(torch, consts, name, _in_rows(device, width)),
+            form = _form(device.type, width)
+            fn = torch.compile(_make_formula(torch, consts, name, form, max(1, 4 // width)),
                                dynamic=True, fullgraph=True,
                                options=_cpu_options(width) if cpu else None)
             _compiled[key] = fn
@@ -284,7 +396,9 @@ def _compiled_for(device, width: int, consts: dict[str, int]):
 def _segments(flat, chunk: int | None, consts: dict[str, int]) -> Any:
     import torch
 
-    fn = _compiled_for(flat.device, flat.element_size(), consts)
+    width = flat.element_size()
+    fn = _compiled_for(flat.device, width, consts)
+    form, lanes = _form(flat.device.type, width), max(1, 4 // width)
     n = flat.numel()
     step = min(chunk or _SEGMENT, _SEGMENT)
     starts = list(range(0, n, step))
@@ -295,8 +409,15 @@ def _segments(flat, chunk: int | None, consts: dict[str, int]) -> Any:
     with torch.no_grad():
         for s, e in zip(starts, ends, strict=True):
             start = torch.full((), s, dtype=torch.int64, device=flat.device)
-            if not _in_rows(flat.device, flat.element_size()):
+            if form == "flat":
                 rows.append(fn(flat[s:e].detach(), start))  # not a view: no guards on its base
+                continue
+            if form == "words":
+                head, nrows, cols = _split_words(e - s, flat.storage_offset() + s, lanes)
+                mid = s + head + nrows * cols * lanes
+                words = flat[s + head:mid].view(torch.int32).view(nrows, cols)
+                rows.append(fn(flat[s:s + head].detach(), words.detach(), flat[mid:e].detach(),
+                               start, *_tables_for(flat.device, cols, consts["kp"], lanes)))
                 continue
             nrows, cols = _split(e - s)
             mid = s + nrows * cols

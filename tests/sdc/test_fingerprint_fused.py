@@ -152,16 +152,20 @@ def test_eager_mode_never_compiles(mode, failing_compile, monkeypatch):
     assert failing_compile == [] and FF.fused_status() == {}
 
 
-@pytest.mark.parametrize("isa_bits, width, vector, rows", [
-    (512, 4, True, True), (512, 8, True, True), (512, 1, False, False), (512, 2, False, False),
-    (256, 4, False, True), (256, 8, False, True), (256, 1, False, False), (0, 4, False, True)])
+@pytest.mark.parametrize("isa_bits, width, byteorder, vector, form", [
+    (512, 4, "little", True, "rows"), (512, 8, "little", True, "rows"),
+    (512, 1, "little", True, "words"), (512, 2, "little", True, "words"),
+    (512, 2, "big", False, "flat"), (256, 4, "little", False, "rows"),
+    (256, 8, "little", False, "rows"), (256, 1, "little", False, "flat"),
+    (256, 2, "little", False, "flat"), (0, 4, "little", False, "rows")])
 def test_the_cpu_kernel_form_and_options_follow_the_isa_and_the_key_stays_runtime(
-        isa_bits, width, vector, rows, monkeypatch, fresh):
+        isa_bits, width, byteorder, vector, form, monkeypatch, fresh):
     """Why (fingerprint_fused.py, ``_ROW_COLS``): 4- and 8-byte elements take the rows form (the
-    1-D loop waits on memory); vector code only with AVX-512 (a 64-bit lane multiply; AVX2's is
-    emulated lane by lane, slower than scalar) and only for those widths (1-byte elements were
-    slower vectorised; Inductor does not vectorise 2-byte ones). The key must stay out of the
-    C++ source (closure values, traced as symbolic ints): with literal multipliers GCC bounds a
+    1-D loop waits on memory), 1- and 2-byte ones the words form (read as int32 words) where
+    there is vector code and the byte order is the one it assumes, else the 1-D form (scalar,
+    the words form is slower than it); vector code only with AVX-512 (a 64-bit lane multiply;
+    AVX2's is emulated lane by lane, slower than scalar). The key must stay out of the C++
+    source (closure values, traced as symbolic ints): with literal multipliers GCC bounds a
     scalar loop by the signed overflow of ``position * KEY_POS`` and skips almost all of it."""
     from torch._inductor import cpu_vec_isa
 
@@ -170,6 +174,7 @@ def test_the_cpu_kernel_form_and_options_follow_the_isa_and_the_key_stays_runtim
             return isa_bits
 
     monkeypatch.setattr(cpu_vec_isa, "pick_vec_isa", lambda: Isa())
+    monkeypatch.setattr(FF, "_BYTEORDER", byteorder)
     seen = []
 
     def closure(fn):  # names and constants of fn and of the functions it closes over
@@ -193,7 +198,7 @@ def test_the_cpu_kernel_form_and_options_follow_the_isa_and_the_key_stays_runtim
     assert kw["options"] == ({} if vector else {"cpp.simdlen": 1}) and kw["dynamic"] is True
     assert "m" in freevars  # the key is read from the closure, not baked into the code
     assert not consts & {v for v in _FUSED_KEY.values() if abs(v) > 64}
-    assert ("bulk" in names) == rows
+    assert names[0] == {"rows": "bulk", "words": "head", "flat": "v"}[form]
 
 
 @pytest.mark.parametrize("n", [6, 7, 8200, 8201, FF.FUSED_MIN, FF.FUSED_MIN + 3, 3 << 20])
@@ -202,6 +207,19 @@ def test_the_rows_split_leaves_every_size_at_two_or_more(n):
     assert nrows >= 2 and 2 <= cols <= FF._ROW_COLS and 2 <= n - nrows * cols <= cols + 1
     if n >= 2 * FF._ROW_COLS + 2:
         assert cols == FF._ROW_COLS
+
+
+@pytest.mark.parametrize("lanes", [2, 4])
+def test_the_words_split_aligns_the_words_and_leaves_every_size_at_two_or_more(lanes):
+    big = [FF._ROW_COLS * lanes * 3 + k for k in range(2 * lanes)] + [FF.FUSED_MIN + 3, 3 << 20]
+    for n in [*range(FF.ROWS_MIN, FF.ROWS_MIN + 4 * lanes), 1001, *big]:
+        for offset in range(2 * lanes):
+            head, nrows, cols = FF._split_words(n, offset, lanes)
+            tail = n - head - nrows * cols * lanes
+            assert 2 <= head <= lanes + 1 and (offset + head) % lanes == 0, (n, offset)
+            assert nrows >= 2 and 2 <= cols <= FF._ROW_COLS and 2 <= tail <= cols * lanes + 1
+            if n >= 2 * FF._ROW_COLS * lanes + 2 * lanes + 2:
+                assert cols == FF._ROW_COLS
 
 
 def test_small_tensors_small_chunks_and_traced_callers_take_the_eager_form(mode, monkeypatch):
@@ -265,6 +283,44 @@ def test_overflow_vectors_compiled_equal_eager(device, width, chunk, mode, monke
         assert tuple(row[:2]) == closed_form(c, n)
     if width == 8:  # columns 0 and 1 wrap modulo 2^64 themselves
         assert abs(n * info.max) >= 2**63 and row[0] == s64(n * -1)
+
+
+def lane_vectors(width: int, n: int) -> torch.Tensor:
+    """Every element of a 4-byte word (little-endian: element k in the k-th lowest bits) gets
+    the width's extremes, -1, 0, 1 and random bits: a pattern of a length prime to the lanes."""
+    it = INT_BY_WIDTH[width]
+    info = torch.iinfo(it)
+    pattern = torch.tensor([info.min, info.max, -1, 0, 1, info.min + 1, info.max - 1],
+                           dtype=torch.int64)
+    v = pattern.repeat(n // len(pattern) + 1)[:n].to(it)
+    gen = torch.Generator().manual_seed(width)
+    rnd = torch.randint(0, 256, (n * width,), dtype=torch.uint8, generator=gen).view(it)
+    v[n // 2:] = rnd[n // 2:]
+    return v
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("width", [1, 2])
+@pytest.mark.parametrize("chunk", [None, 1001], ids=["one_segment", "segments"])
+def test_narrow_elements_read_as_words_equal_eager(width, chunk, mode, monkeypatch, fresh):
+    """The words form (fingerprint_fused.py, ``_ROW_COLS``): 1- and 2-byte elements read 4 // width
+    to an int32 word. Lengths that are no multiple of the word or of a row, the shortest the
+    form takes, tails of every kind, tensors that start at every offset into their storage (the
+    head that aligns the words), extremes and -1 in every element of the word, one segment and
+    several (chunks of 1001: segment starts at every offset too)."""
+    monkeypatch.setattr(FF, "FUSED_MIN", 2)
+    lanes = 4 // width
+    cols = FF._ROW_COLS
+    lengths = [FF.ROWS_MIN, FF.ROWS_MIN + 1, 37, 1001, 2 * cols * lanes + 2 * lanes + 1,
+               3 * cols * lanes + 5, 3 * cols * lanes + cols * lanes + 3, (1 << 16) + 3]
+    base = lane_vectors(width, max(lengths) + 2 * lanes)
+    ts = [base[off:off + n] for n in lengths for off in range(lanes + 1)]
+    ts += [base.view(FLOAT_BY_WIDTH[width])[1:]]  # the bits of a float view, odd offset
+    mode("compiled")
+    got = fingerprints(ts, chunk_elems=chunk).tolist()
+    assert ("cpu", width) in FF._compiled
+    assert FF._form("cpu", width) == ("words" if FF._avx512() else "flat")
+    assert got == eager(ts, monkeypatch, chunk_elems=chunk)
 
 
 @pytest.mark.slow
@@ -332,13 +388,14 @@ def test_by_default_a_large_tensor_takes_the_fused_form(monkeypatch, fresh):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("width", [4, 8])
+@pytest.mark.parametrize("width", [1, 2, 4, 8])
 def test_one_graph_per_width_whatever_the_length(width, mode, monkeypatch, fresh):
-    """Guarantee 3 in the rows form: rows, columns and tail are separate inputs of >= 2 elements
-    (dynamo specialises 0 and 1, also for a derived size such as a remainder), and the first trace
-    (the probe: 16 rows of 4096, a tail of 3) gives them different sizes, so duck sizing ties none
-    of them together: lengths with a tail of exactly a row, a row plus one, two, or a long one
-    reuse that graph."""
+    """Guarantee 3 in the rows and words forms: head, rows, columns and tail are separate inputs
+    of >= 2 elements (dynamo specialises 0 and 1, also for a derived size such as a remainder),
+    and the first trace (the probe: 16 rows of 4096 and a tail of 3; in words, a head of 2 or 4,
+    7 or 3 rows of 4096 words and a long tail) gives them different sizes, so duck sizing ties
+    none of them together: lengths with a tail of exactly a row, a row plus one, two, or a long
+    one, and (words) tensors that start at every offset into their storage reuse that graph."""
     from torch._dynamo.utils import counters
 
     mode("compiled")
@@ -346,6 +403,7 @@ def test_one_graph_per_width_whatever_the_length(width, mode, monkeypatch, fresh
     gen = torch.Generator().manual_seed(width)
     ts = [torch.randint(-1000, 1000, (n,), dtype=torch.int64, generator=gen).to(it)
           for n in (FF.FUSED_MIN, FF.FUSED_MIN + 1, 5 * 4096 * 4 + 4097, 3 * FF.FUSED_MIN + 7)]
+    ts += [ts[-1][off:] for off in (1, 2, 3)]  # words: a head of every size
     fingerprints(ts[:1])  # the probe and the first tensor
     graphs = counters["stats"]["unique_graphs"]
     got = fingerprints(ts).tolist()
