@@ -29,7 +29,8 @@ Cost: the daemon polls every second, so steady-state polls read four small files
 (state, phys_state, rate, counters/link_downed) and write nothing to the store; the full
 ``SysfsReader.infiniband_ports()`` walk (every counter file) runs only to discover ports (every
 60 s, or when a port vanishes) and when a fast read meets anything unusual, so its error
-reporting stays the one source of ``SysfsReadError`` values.
+reporting stays the one source of ``SysfsReadError`` values. That reading, and the store
+writes that never break a poll, are checks/_rdma_io.py.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any
 
 from checks._builtin import BuiltinCheck
@@ -49,6 +49,14 @@ from checks._downtime import (
     nccl_tolerance_s,
     port_is_down,
     window_stats,
+)
+from checks._rdma_io import (
+    KV_NAMESPACE,
+    PortKey,
+    PortReader,
+    Recorder,
+    from_epoch,
+    to_epoch,
 )
 from gpu_monitor.check import ClearTracker, Context, Setting
 from gpu_monitor.hw.sysfs_values import IbPort
@@ -65,23 +73,9 @@ from gpu_monitor.profiles.schema import SECONDS, SECONDS0, Int, Num
 log = logging.getLogger(__name__)
 
 LINK_DOWNED_MAX = 255  # LinkDownedCounter is an 8-bit PMA counter that saturates
-KV_NAMESPACE = "rdma_ports"
-REDISCOVER_S = 60.0  # full sysfs walk at most this often in steady state
-MISSING_REDISCOVER_S = 10.0  # ... and this often while an expected port is missing
 WATCH_MARK_S = 60.0  # how often the daemon refreshes its "I was watching" marker
 # The files of ports/<n>/ this check judges: one it cannot read makes the port unknown.
 JUDGED_FILES = ("state", "phys_state", "rate", "link_downed")
-
-PortKey = tuple[str, int]
-
-
-def _epoch(ts: datetime) -> float:
-    return ts.timestamp()
-
-
-def _dt(epoch: float) -> datetime:
-    return datetime.fromtimestamp(epoch, tz=timezone.utc)
-
 
 @dataclass(frozen=True)
 class Settings:
@@ -121,62 +115,6 @@ class Settings:
             expected=tuple(expected),
             rate_gbit=None if rate is None else float(rate),
         )
-
-
-class _Recorder:
-    """Store writes that never break a poll; disabled for one-shot runs (read-only)."""
-
-    def __init__(self, ctx: Context, enabled: bool):
-        self.store = ctx.store if enabled else None
-
-    def _call(self, what: str, fn: Any, *args: Any) -> None:
-        if self.store is None:
-            return
-        try:
-            fn(*args)
-        except Exception as exc:  # noqa: BLE001 - history is best effort, the poll goes on
-            log.warning("rdma_ports: cannot %s in the state store: %s", what, exc)
-
-    def start(self, key: PortKey, at: float) -> None:
-        if self.store is not None:
-            self._call("open an outage", self.store.port_down_start, key[0], key[1], _dt(at))
-
-    def end(self, key: PortKey, at: float) -> None:
-        if self.store is not None:
-            self._call("close an outage", self.store.port_down_end, key[0], key[1], _dt(at))
-
-    def kv(self, key: str, value: Any) -> None:
-        if self.store is not None:
-            self._call("save state", self.store.set_kv, KV_NAMESPACE, key, value)
-
-
-class PortReader:
-    """Discovery through ``SysfsReader.infiniband_ports``; steady-state polls through
-    ``SysfsReader.poll_ib_port`` (the same parsers, four files per port)."""
-
-    def __init__(self) -> None:
-        self._known: dict[PortKey, IbPort] = {}
-        self._discovered_at: float | None = None
-
-    def _discover(self, ctx: Context, now: float) -> dict[PortKey, IbPort]:
-        ports = ctx.host.sysfs.infiniband_ports()
-        self._known = {(p.device, p.port): p for p in ports}
-        self._discovered_at = now
-        return dict(self._known)
-
-    def read(self, ctx: Context, now: float, expected: Sequence[PortKey]) -> dict[PortKey, IbPort]:
-        age = None if self._discovered_at is None else now - self._discovered_at
-        if (age is None or age >= REDISCOVER_S or age < 0
-                or (age >= MISSING_REDISCOVER_S and any(k not in self._known for k in expected))):
-            return self._discover(ctx, now)
-        out: dict[PortKey, IbPort] = {}
-        for key, base in self._known.items():
-            port = ctx.host.sysfs.poll_ib_port(base)
-            if port.errors:
-                # Vanished, unreadable or junk: the full walk says which, with every error.
-                return self._discover(ctx, now)
-            out[key] = port
-        return out
 
 
 # --- metrics ------------------------------------------------------------------------------------
@@ -301,10 +239,10 @@ class RdmaPorts(BuiltinCheck):
         s = self._settings(ctx)
         if ctx.one_shot:
             return self._one_shot(ctx, s)
-        now = _epoch(ctx.clock.now())
+        now = to_epoch(ctx.clock.now())
         ports = self._reader.read(ctx, now, s.expected)
         in_grace = self._in_grace(ctx, s)
-        rec = _Recorder(ctx, enabled=True)
+        rec = Recorder(ctx, enabled=True)
         self._mark_watch(ctx, rec, now)
         results = self._evaluate(ctx, s, ports, self._tracks, rec, now, in_grace,
                                  {"window": "history"})
@@ -334,10 +272,10 @@ class RdmaPorts(BuiltinCheck):
         it is back or has been down longer than NCCL tolerates, so a provisioning run fails a
         dead port without calling a passing blip a failure.
         """
-        now = _epoch(ctx.clock.now())
+        now = to_epoch(ctx.clock.now())
         history = self._history_present(ctx, s, now)
         tracks: dict[PortKey, Track] = {}
-        rec = _Recorder(ctx, enabled=False)
+        rec = Recorder(ctx, enabled=False)
         reader = PortReader()
         in_grace = self._in_grace(ctx, s)
         extra: dict[str, Any] = {"window": "history" if history else "instantaneous"}
@@ -351,7 +289,7 @@ class RdmaPorts(BuiltinCheck):
             if in_grace or not waiting or now - started + s.interval_s > cap:
                 break
             ctx.clock.sleep(s.interval_s)
-            now = _epoch(ctx.clock.now())
+            now = to_epoch(ctx.clock.now())
         extra["observed_s"] = round(now - started, 3)
         return self._judge_all(ctx, s, ports, tracks, now, in_grace, extra)
 
@@ -373,7 +311,7 @@ class RdmaPorts(BuiltinCheck):
             self._boot_known = True
         return self._boot_id
 
-    def _mark_watch(self, ctx: Context, rec: _Recorder, now: float) -> None:
+    def _mark_watch(self, ctx: Context, rec: Recorder, now: float) -> None:
         if self._watch_since is None:
             self._watch_since = now
         if self._watch_marked is None or now - self._watch_marked >= WATCH_MARK_S:
@@ -397,12 +335,12 @@ class RdmaPorts(BuiltinCheck):
         if ctx.store is None:
             return tr
         try:
-            rows = ctx.store.port_intervals(key[0], key[1], since=_dt(now - s.window_s))
+            rows = ctx.store.port_intervals(key[0], key[1], since=from_epoch(now - s.window_s))
             saved = ctx.store.get_kv(KV_NAMESPACE, f"port:{key[0]}:{key[1]}") or {}
         except Exception as exc:  # noqa: BLE001 - start without history rather than not at all
             log.warning("rdma_ports: cannot load history of %s:%s: %s", key[0], key[1], exc)
             return tr
-        tr.intervals = [[_epoch(a), None if b is None else _epoch(b)] for a, b in rows]
+        tr.intervals = [[to_epoch(a), None if b is None else to_epoch(b)] for a, b in rows]
         tr.stored_boot = saved.get("boot_id")
         if tr.stored_boot is None or tr.stored_boot == self._boot(ctx):
             downed = saved.get("link_downed")
@@ -420,7 +358,7 @@ class RdmaPorts(BuiltinCheck):
             return now
         return min(now, last + s.interval_s)
 
-    def _observe(self, ctx: Context, key: PortKey, port: IbPort, tr: Track, rec: _Recorder,
+    def _observe(self, ctx: Context, key: PortKey, port: IbPort, tr: Track, rec: Recorder,
                  now: float, s: Settings) -> None:
         down = port_is_down(port)
         downed = port.counter("link_downed")
@@ -477,7 +415,7 @@ class RdmaPorts(BuiltinCheck):
         return list(s.expected) if s.expected else sorted(ports)
 
     def _observe_all(self, ctx: Context, s: Settings, ports: Mapping[PortKey, IbPort],
-                     tracks: dict[PortKey, Track], rec: _Recorder, now: float, in_grace: bool,
+                     tracks: dict[PortKey, Track], rec: Recorder, now: float, in_grace: bool,
                      load: bool = True) -> None:
         for key in self._judged(s, ports):
             port = ports.get(key)
@@ -493,7 +431,7 @@ class RdmaPorts(BuiltinCheck):
             self._observe(ctx, key, port, tr, rec, now, s)
 
     def _evaluate(self, ctx: Context, s: Settings, ports: Mapping[PortKey, IbPort],
-                  tracks: dict[PortKey, Track], rec: _Recorder, now: float, in_grace: bool,
+                  tracks: dict[PortKey, Track], rec: Recorder, now: float, in_grace: bool,
                   extra: Mapping[str, Any]) -> list[Result]:
         self._observe_all(ctx, s, ports, tracks, rec, now, in_grace)
         return self._judge_all(ctx, s, ports, tracks, now, in_grace, extra)
