@@ -72,6 +72,7 @@ directory is the training process's choice, shared with its own compiled models.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import sys
@@ -290,7 +291,6 @@ def _make_formula(torch, m: dict[str, int], name: str, form: str, lanes: int = 1
 # ``position * KEY_POS`` and skips nearly all of it (guarantee 5 is the net under that).
 _ROW_COLS = 4096
 _SCALAR = {"cpp.simdlen": 1}
-_cpu_opts: list[bool] = []  # [whether the vector ISA is AVX-512], once known
 _BYTEORDER = sys.byteorder  # the words form reads element k of a word from its k-th lowest bits
 _row_tables: dict[tuple[str, int, int], tuple] = {}  # (device, cols, lanes) -> position tables
 # the rows form needs >= 2 rows of >= 2 columns and a tail of >= 2 (``_split``), the words form
@@ -321,17 +321,16 @@ def _split_words(n: int, offset: int, lanes: int) -> tuple[int, int, int]:
     return head, nwords // cols, cols
 
 
+@functools.cache
 def _avx512() -> bool:
-    """Whether Inductor's vector ISA here is 512 bits wide (AVX-512: a 64-bit lane multiply)."""
-    if not _cpu_opts:
-        try:
-            from torch._inductor.cpu_vec_isa import pick_vec_isa
+    """Whether Inductor's vector ISA here is 512 bits wide (AVX-512: a 64-bit lane multiply);
+    asked once per process."""
+    try:
+        from torch._inductor.cpu_vec_isa import pick_vec_isa
 
-            wide = pick_vec_isa().bit_width() >= 512
-        except Exception:  # noqa: BLE001 - an Inductor without this helper: the safe choice
-            wide = False
-        _cpu_opts.append(wide)
-    return _cpu_opts[0]
+        return pick_vec_isa().bit_width() >= 512
+    except Exception:  # noqa: BLE001 - an Inductor without this helper: the safe choice
+        return False
 
 
 def _cpu_options(width: int) -> dict:
@@ -495,4 +494,4 @@ def _reset_for_tests() -> None:
         _used.clear()
         _checked.clear()
         _row_tables.clear()
-        _cpu_opts.clear()
+    _avx512.cache_clear()
