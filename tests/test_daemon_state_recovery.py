@@ -23,7 +23,7 @@ from gpu_monitor.state.errors import RECOVER_COMMAND
 from gpu_monitor.state.recovery import corrupt_copies
 from tests.conftest import REPO
 from tests.kube.fake_apiserver import FakeApiServer
-from tests.state_damage import (
+from tests.state.state_damage import (
     assert_untouched,
     make_malformed_page_with_live_wal,
     make_newer_version,

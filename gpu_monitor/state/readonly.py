@@ -5,7 +5,7 @@ exec`` into the DaemonSet pod), or reads a copy taken off a node. ``Store.open``
 daemon's door: it creates a missing file, sets the journal mode and migrates an older schema,
 all of which write. This door writes nothing.
 
-Guarantees (tests/test_state_readonly.py holds each):
+Guarantees (tests/state/test_readonly.py holds each):
 1. The file is opened through a SQLite ``mode=ro`` URI and judged as the daemon judges it
    (identity, ``quick_check``, schema version), then ``PRAGMA query_only`` is set:
    no migration, no journal-mode change, no checkpoint, never a write lock. In WAL mode a

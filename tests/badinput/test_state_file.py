@@ -2,7 +2,7 @@
 command that opens the store without recovering it, is a usage error (exit 2) naming the file
 and what to do, with no traceback, and leaves the file exactly as it was.
 
-The table is generated: each kind of file in tests/state_damage.py (the damaged ones, a
+The table is generated: each kind of file in tests/state/state_damage.py (the damaged ones, a
 directory, a newer release's file) crossed with each one-shot command. The long-running
 daemon recovers instead (tests/test_daemon_state_recovery.py).
 """
@@ -16,7 +16,7 @@ import pytest
 from gpu_monitor.state.errors import RECOVER_COMMAND
 from gpu_monitor.state.recovery import corrupt_copies
 from tests.badinput.harness import config_case, ids, run_case
-from tests.state_damage import (
+from tests.state.state_damage import (
     DAMAGED,
     assert_untouched,
     make_directory,

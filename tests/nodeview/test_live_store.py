@@ -18,7 +18,7 @@ import pytest
 
 from gpu_monitor.state.readonly import open_read_only
 from tests.conftest import REPO
-from tests.state_damage import assert_untouched, snapshot
+from tests.state.state_damage import assert_untouched, snapshot
 from tests.test_daemon_state_recovery import DaemonProcess, fake, write_config  # noqa: F401
 
 INJECT = ("--inject", "nvlink-down@gpu:3,link=2")

@@ -14,7 +14,7 @@ from tests.remediate.remediate_helpers import (
     events_for,
     remediator,
 )
-from tests.state_damage import make_garbage
+from tests.state.state_damage import make_garbage
 
 
 def recovered_store(tmp_path):

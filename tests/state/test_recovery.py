@@ -27,7 +27,7 @@ from gpu_monitor.state.errors import (
 from gpu_monitor.state.files import check_file
 from gpu_monitor.state.recovery import move_aside
 from gpu_monitor.state.schema import LATEST_VERSION
-from tests.state_damage import (
+from tests.state.state_damage import (
     DAMAGED,
     assert_untouched,
     make_directory,

@@ -11,13 +11,11 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from gpu_monitor.state import Store
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.conftest import REPO
 
 PRELUDE = """
 import os, signal, sqlite3, sys

@@ -1,8 +1,8 @@
 """The state store's API: results, runs, counters, kernel-log marks, XID history, key/value
 state, quarantine state, actions, health reports, restart persistence and thread safety.
 
-Downtime windows: test_state_ports.py. Migrations: test_state_migrations.py. Corrupt files and
-crashes: test_state_recovery.py.
+Downtime windows: test_ports.py. Migrations: test_schema.py. Corrupt files: test_recovery.py.
+Crashes: test_store_crash.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The read-only door (state/readonly.py) and what ``status``/``history`` say about bad files.
 
-Each bad file is one of tests/state_damage.py's real kinds; the commands must exit 1 with a
+Each bad file is one of tests/state/state_damage.py's real kinds; the commands must exit 1 with a
 message naming the file (never a traceback) and leave the file byte for byte as it was.
 """
 
@@ -23,7 +23,7 @@ from gpu_monitor.state.errors import StoreCorruptError, StoreError, StoreVersion
 from gpu_monitor.state.readonly import StoreAbsentError, open_read_only
 from gpu_monitor.state.schema import LATEST_VERSION
 from tests.conftest import REPO
-from tests.state_damage import (
+from tests.state.state_damage import (
     DAMAGED,
     assert_untouched,
     make_directory,

@@ -14,7 +14,7 @@ from gpu_monitor.state import Store
 from gpu_monitor.state.errors import RECOVER_COMMAND
 from gpu_monitor.state.recovery import corrupt_copies, recoveries
 from gpu_monitor.state.schema import LATEST_VERSION
-from tests.state_damage import (
+from tests.state.state_damage import (
     DAMAGED,
     assert_untouched,
     make_directory,
