@@ -233,7 +233,7 @@ class Xid(KernelLogCheck):
 
     def _event(self, x: ParsedXid, record: KmsgRecord, ctx: Context) -> list[Result]:
         cls = classify(x)
-        if not cls.known:
+        if not cls.entry.known:
             self._count("unknown_code")
         if x.pci is None:
             self._count("no_pci")
@@ -266,8 +266,8 @@ class Xid(KernelLogCheck):
                 "code": x.code, "boot_id": boot, "at": iso(at), "gpu_index": index,
                 "uuid": uuid, "message": x.raw[:300]})
         where = f"{target}" + (f" ({x.pci})" if x.pci and target.startswith("gpu:") else "")
-        msg = (f"{cls.reason} on {where}: {cls.name} [{cls.category}], suggested action "
-               f"{action.value}" + (f": {x.message[:160]}" if x.message else ""))
+        msg = (f"{cls.reason} on {where}: {cls.entry.name} [{cls.entry.category}], "
+               f"suggested action {action.value}" + (f": {x.message[:160]}" if x.message else ""))
         return [Result(check=self.name, status=status, target=target, reason=cls.reason,
                        message=msg, details=details, action=action, observed_at=ctx.clock.now())]
 
@@ -284,7 +284,7 @@ class Xid(KernelLogCheck):
         status, action = cls.status, cls.action
         details: dict[str, Any] = {}
         setting = ctx.setting
-        if cls.category == "application":
+        if cls.entry.category == "application":
             if cls.sympathetic:
                 return Status.OK, Action.NONE, {"caused_by": x.caused_by, "sympathetic": True}
             window = float(setting(self.name, "app_xid_window_s"))
@@ -355,10 +355,10 @@ class Xid(KernelLogCheck):
                   seq: int, at: datetime, uuid: str | None, index: int | None
                   ) -> dict[str, Any]:
         d: dict[str, Any] = {
-            "code": x.code, "mnemonic": cls.name, "category": cls.category,
-            "catalog_version": xid_catalog().version, "known_code": cls.known,
-            "nvidia_immediate": cls.nvidia_immediate,
-            "nvidia_investigatory": cls.nvidia_investigatory, "basis": cls.basis,
+            "code": x.code, "mnemonic": cls.entry.name, "category": cls.entry.category,
+            "catalog_version": xid_catalog().version, "known_code": cls.entry.known,
+            "nvidia_immediate": cls.entry.nvidia_immediate,
+            "nvidia_investigatory": cls.entry.nvidia_investigatory, "basis": cls.basis,
             "pci_bus_id": x.pci, "uuid": uuid, "gpu_index": index, "pid": x.pid,
             "process": x.process, "event_time": iso(at), "boot_id": boot, "seq": seq,
             "line_no": record.line_no, "text": x.raw[:500],

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from gpu_monitor.model import Action
 
@@ -26,37 +26,45 @@ class CatalogError(RuntimeError):
     """The shipped catalog cannot be read (packaging problem)."""
 
 
-@dataclass(frozen=True)
-class XidInfo:
-    """What the catalog says about one XID code (``known=False`` for codes it lacks)."""
+@dataclass(frozen=True, kw_only=True)
+class CatalogEntry:
+    """What either catalog holds for a code: its name, the action it calls for, and whether the
+    catalog knows it (``known=False``: a stand-in for a code it lacks). The reason a finding
+    about the code carries is the kind's prefix and the code (``Xid79``, ``SXid20034``)."""
+
+    REASON_PREFIX: ClassVar[str]
 
     code: int
-    mnemonic: str
-    description: str
+    name: str
     action: Action
+    known: bool = True
+
+    @property
+    def reason(self) -> str:
+        return f"{self.REASON_PREFIX}{self.code}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class XidInfo(CatalogEntry):
+    """One row of the XID catalog; ``name`` is NVIDIA's mnemonic."""
+
+    REASON_PREFIX: ClassVar[str] = "Xid"
+
+    description: str
     category: str
     nvidia_immediate: str = ""
     nvidia_investigatory: str = ""
     rule: str = ""
-    known: bool = True
-
-    @property
-    def reason(self) -> str:
-        return f"Xid{self.code}"
 
 
-@dataclass(frozen=True)
-class SxidInfo:
-    code: int
-    name: str
+@dataclass(frozen=True, kw_only=True)
+class SxidInfo(CatalogEntry):
+    """One row of the NVSwitch SXid catalog."""
+
+    REASON_PREFIX: ClassVar[str] = "SXid"
+
     fatal_class: str  # non_fatal | potential_fatal | always_fatal | unknown
-    action: Action
     recovery: str = ""
-    known: bool = True
-
-    @property
-    def reason(self) -> str:
-        return f"SXid{self.code}"
 
 
 @dataclass(frozen=True)
@@ -104,10 +112,23 @@ _Entry = TypeVar("_Entry")
 
 
 class _CodeCatalog(Generic[_Entry]):
-    """What both catalogs answer the same way: the codes they know, and an entry for any code,
-    a stand-in (``known=False``, action watch) for one they do not."""
+    """What both catalogs do the same way: read a file's version and rows (data that is not such
+    a catalog raises ``CatalogError`` naming its source), list the codes they know, and give an
+    entry for any code, a stand-in (``known=False``, action watch) for one they do not."""
 
-    _entries: dict[int, _Entry]
+    FILE: ClassVar[str]  # the shipped file
+    KIND: ClassVar[str]  # what an error calls the catalog
+    ROWS: ClassVar[str]  # the key of its rows, by code
+
+    def __init__(self, data: dict[str, Any], source: str | None = None):
+        try:
+            self.version: str = data["about"]["catalog_version"]
+            self._entries: dict[int, _Entry] = {
+                int(code): self._entry(int(code), row) for code, row in data[self.ROWS].items()}
+            self._read_more(data)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CatalogError(f"{source or self.FILE}: not a gpu-monitor {self.KIND} catalog "
+                               f"({exc!r})") from exc
 
     def codes(self) -> list[int]:
         return sorted(self._entries)
@@ -118,29 +139,31 @@ class _CodeCatalog(Generic[_Entry]):
             return info
         return self._unknown(code)
 
+    def _entry(self, code: int, row: dict[str, Any]) -> _Entry:
+        raise NotImplementedError
+
+    def _read_more(self, data: dict[str, Any]) -> None:
+        """What a catalog holds besides its rows (read under the same guard)."""
+
     def _unknown(self, code: int) -> _Entry:
         raise NotImplementedError
 
 
 class XidCatalog(_CodeCatalog[XidInfo]):
-    def __init__(self, data: dict[str, Any], source: str = XID_CATALOG_FILE):
-        try:
-            self.version: str = data["about"]["catalog_version"]
-            self._entries = {
-                int(code): XidInfo(
-                    code=int(code), mnemonic=e["mnemonic"], description=e["description"],
-                    action=Action(e["action"]), category=e["category"],
-                    nvidia_immediate=e["nvidia_immediate"],
-                    nvidia_investigatory=e["nvidia_investigatory"], rule=e["rule"])
-                for code, e in data["xids"].items()
-            }
-            self._decode: list[dict[str, Any]] = list(data["nvlink5_decode"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CatalogError(f"{source}: not a gpu-monitor XID catalog ({exc!r})") from exc
+    FILE, KIND, ROWS = XID_CATALOG_FILE, "XID", "xids"
+
+    def _entry(self, code: int, row: dict[str, Any]) -> XidInfo:
+        return XidInfo(code=code, name=row["mnemonic"], description=row["description"],
+                       action=Action(row["action"]), category=row["category"],
+                       nvidia_immediate=row["nvidia_immediate"],
+                       nvidia_investigatory=row["nvidia_investigatory"], rule=row["rule"])
+
+    def _read_more(self, data: dict[str, Any]) -> None:
+        self._decode: list[dict[str, Any]] = list(data["nvlink5_decode"])
 
     def _unknown(self, code: int) -> XidInfo:
         """An unknown code: category unknown, action watch."""
-        return XidInfo(code=code, mnemonic="UNKNOWN", description="not in the XID catalog",
+        return XidInfo(code=code, name="UNKNOWN", description="not in the XID catalog",
                        action=Action.WATCH, category="unknown", rule="R6 unknown code",
                        known=False)
 
@@ -169,16 +192,11 @@ class XidCatalog(_CodeCatalog[XidInfo]):
 
 
 class SxidCatalog(_CodeCatalog[SxidInfo]):
-    def __init__(self, data: dict[str, Any], source: str = SXID_CATALOG_FILE):
-        try:
-            self.version: str = data["about"]["catalog_version"]
-            self._entries = {
-                int(code): SxidInfo(code=int(code), name=e["name"], fatal_class=e["fatal_class"],
-                                    action=Action(e["action"]), recovery=e["recovery"])
-                for code, e in data["sxids"].items()
-            }
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CatalogError(f"{source}: not a gpu-monitor SXid catalog ({exc!r})") from exc
+    FILE, KIND, ROWS = SXID_CATALOG_FILE, "SXid", "sxids"
+
+    def _entry(self, code: int, row: dict[str, Any]) -> SxidInfo:
+        return SxidInfo(code=code, name=row["name"], fatal_class=row["fatal_class"],
+                        action=Action(row["action"]), recovery=row["recovery"])
 
     def _unknown(self, code: int) -> SxidInfo:
         return SxidInfo(code=code, name="unknown SXid", fatal_class="unknown",

@@ -20,7 +20,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gpu_monitor.model import ACTION_SEVERITY, Action, Status, canonical_pci
-from gpu_monitor.rules import Nvlink5Decode, XidCatalog, xid_catalog
+from gpu_monitor.rules import Nvlink5Decode, XidCatalog, XidInfo, xid_catalog
 
 FALLEN_OFF_BUS_CODE = 79
 FALLEN_OFF_BUS_REASON = "GpuFallenOffBus"
@@ -274,16 +274,12 @@ def join_fallen_off(header: GpuHeader, fragment: XidParseError) -> ParsedXid:
 
 @dataclass(frozen=True)
 class Classification:
-    """What an event means before history is considered."""
+    """What an event means before history is considered: the catalog's entry for its code, and
+    the action the line itself may change (an NVLink5 decode row, a recovery action)."""
 
-    code: int
-    reason: str
-    category: str  # application | hardware | driver | unknown
+    entry: XidInfo  # category: application | hardware | driver | unknown
+    reason: str  # the line's own: Xid<code>, or GpuFallenOffBus for the bus message
     action: Action
-    name: str
-    known: bool
-    nvidia_immediate: str = ""
-    nvidia_investigatory: str = ""
     basis: str = "catalog"  # catalog | nvlink5_decode | nvlink5_line | recovery_action
     sympathetic: bool = False  # Xid 45 "caused by previous Xid N": follow the other Xid
     decode: Nvlink5Decode | None = None
@@ -292,7 +288,7 @@ class Classification:
     def status(self) -> Status:
         """The status of one occurrence: application and action none -> ok, watch ->
         degraded, reset_gpu/reboot/replace -> failed (repeat rules are applied by the check)."""
-        if self.category == "application" or self.action is Action.NONE:
+        if self.entry.category == "application" or self.action is Action.NONE:
             return Status.OK
         if self.action is Action.WATCH:
             return Status.DEGRADED
@@ -314,9 +310,7 @@ def classify(event: ParsedXid, catalog: XidCatalog | None = None) -> Classificat
     if event.code == RECOVERY_CODE and event.recovery is not None:
         action, basis = event.recovery.action, "recovery_action"
     return Classification(
-        code=event.code, reason=event.reason, category=info.category, action=action,
-        name=info.mnemonic, known=info.known, nvidia_immediate=info.nvidia_immediate,
-        nvidia_investigatory=info.nvidia_investigatory, basis=basis,
+        entry=info, reason=event.reason, action=action, basis=basis,
         sympathetic=event.code == 45 and event.caused_by is not None, decode=decode,
     )
 

@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 from gpu_monitor.model import Action
-from gpu_monitor.rules import CATEGORIES, sxid_catalog, xid_catalog
+from gpu_monitor.rules import (
+    CATEGORIES,
+    CatalogError,
+    SxidCatalog,
+    XidCatalog,
+    sxid_catalog,
+    xid_catalog,
+)
 from gpu_monitor.rules import generate_catalog as gen
 
 RULES_DIR = Path(gen.__file__).resolve().parent
@@ -134,3 +141,29 @@ def test_nvlink5_decode_table_is_shipped():
     rows = data["nvlink5_decode"]
     assert {r["xid"] for r in rows} == set(range(144, 151))
     assert all(len(r["intrinfo_v1"]) == 32 and len(r["intrinfo_v2"]) == 32 for r in rows)
+
+
+def _shipped(name: str) -> dict:
+    return json.loads((RULES_DIR / name).read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize(("catalog", "name", "kind", "damage"), [
+    (XidCatalog, gen.XID_OUT, "XID", lambda d: d.pop("xids")),
+    (XidCatalog, gen.XID_OUT, "XID", lambda d: d.pop("nvlink5_decode")),
+    (XidCatalog, gen.XID_OUT, "XID", lambda d: d["xids"]["79"].update(action="explode")),
+    (XidCatalog, gen.XID_OUT, "XID", lambda d: d["about"].clear()),
+    (SxidCatalog, gen.SXID_OUT, "SXid", lambda d: d.pop("sxids")),
+    (SxidCatalog, gen.SXID_OUT, "SXid", lambda d: d["sxids"].update(x={"name": "n"})),
+], ids=["no-rows", "no-decode-sheet", "bad-action", "no-version", "no-sxid-rows", "bad-code"])
+def test_a_damaged_catalog_is_refused_naming_its_file_and_kind(catalog, name, kind, damage):
+    data = _shipped(name)
+    damage(data)
+    with pytest.raises(CatalogError, match=rf"^{name}: not a gpu-monitor {kind} catalog"):
+        catalog(data)
+    with pytest.raises(CatalogError, match=r"^elsewhere\.json: "):
+        catalog(data, source="elsewhere.json")
+
+
+def test_an_undamaged_copy_reads_like_the_shipped_catalog():
+    assert XidCatalog(_shipped(gen.XID_OUT)).get(79) == xid_catalog().get(79)
+    assert SxidCatalog(_shipped(gen.SXID_OUT)).codes() == sxid_catalog().codes()

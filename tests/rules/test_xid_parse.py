@@ -222,7 +222,7 @@ def test_xid_45_caused_by_previous_xid_is_sympathetic():
                   "by previous Xid 145")
     assert p.caused_by == 145
     cls = classify(p)
-    assert cls.sympathetic and cls.category == "application" and cls.status is Status.OK
+    assert cls.sympathetic and cls.entry.category == "application" and cls.status is Status.OK
     plain = parse_xid("NVRM: Xid (PCI:0000:ed:00): 45, pid=1, name=python3, Ch 0000000c")
     assert plain.caused_by is None and not classify(plain).sympathetic
 
@@ -271,7 +271,7 @@ def test_nvlink5_payload_is_parsed_and_decoded(fixtures_dir, line, unit, link, n
     p = parse_xid(line)
     assert (p.nvlink5.unit, p.nvlink5.link, len(p.nvlink5.registers)) == (unit, link, nregs)
     cls = classify(p)
-    assert (cls.action, cls.basis, cls.category) == (action, basis, "hardware")
+    assert (cls.action, cls.basis, cls.entry.category) == (action, basis, "hardware")
 
 
 def test_fallen_off_the_bus_multiline_without_xid(fixtures_dir):
@@ -282,7 +282,7 @@ def test_fallen_off_the_bus_multiline_without_xid(fixtures_dir):
     assert (p.code, p.pci, p.fallen_off_bus, p.reason) == (79, "0000:b3:00.0", True,
                                                          "GpuFallenOffBus")
     cls = classify(p)
-    assert (cls.reason, cls.action, cls.category) == ("GpuFallenOffBus", Action.REBOOT,
+    assert (cls.reason, cls.action, cls.entry.category) == ("GpuFallenOffBus", Action.REBOOT,
                                                       "hardware")
 
 
@@ -330,7 +330,7 @@ def test_non_xid_lines_are_none(text):
 def test_unknown_code_is_category_unknown_action_watch():
     p = parse_xid("NVRM: Xid (PCI:0000:3b:00): 999, pid=1, name=x, something new")
     cls = classify(p)
-    assert (cls.reason, cls.category, cls.action, cls.known, cls.status) == (
+    assert (cls.reason, cls.entry.category, cls.action, cls.entry.known, cls.status) == (
         "Xid999", "unknown", Action.WATCH, False, Status.DEGRADED)
 
 
@@ -377,7 +377,7 @@ CLASSES = [
 @pytest.mark.parametrize("code, category, action, status", CLASSES)
 def test_classification_table(code, category, action, status):
     cls = classify(parse_xid(f"NVRM: Xid (PCI:0000:3b:00): {code}, pid=1, name=p, text"))
-    assert (cls.category, cls.action, cls.status, cls.reason) == (category, action, status,
+    assert (cls.entry.category, cls.action, cls.status, cls.reason) == (category, action, status,
                                                                   f"Xid{code}")
 
 
