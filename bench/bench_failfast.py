@@ -54,8 +54,8 @@ from gpu_monitor.profiles import load_profile  # noqa: E402
 from gpu_monitor.sim.node import SimulatedNode  # noqa: E402
 from gpu_monitor.state import Store  # noqa: E402
 from tests.failfast.failfast_helpers import pods_snapshot  # noqa: E402
+from tests.kube.client_helpers import kube_for  # noqa: E402
 from tests.kube.fake_apiserver import FakeApiServer  # noqa: E402
-from tests.remediate.remediate_helpers import kube_for  # noqa: E402
 
 NODE = "gpu-node-1"
 RANK = ROOT / "tests" / "failfast" / "gloo_rank.py"

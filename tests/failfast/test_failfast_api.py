@@ -7,7 +7,7 @@ from __future__ import annotations
 from gpu_monitor.failfast.pods import CONDITION_TYPE
 from gpu_monitor.failfast.trigger import triggers_from
 from tests.failfast.failfast_helpers import NODE, Rig, pods_snapshot
-from tests.remediate.remediate_helpers import kube_for
+from tests.kube.client_helpers import kube_for
 
 
 def conditions(pod: dict) -> dict:

@@ -13,25 +13,19 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from tests.kube import fake_apiserver_http
+from gpu_monitor.clock import Clock
+from gpu_monitor.config import parse_config
+from gpu_monitor.host_actuator import HostActuator
+from gpu_monitor.hw.paths import HostPaths
+from gpu_monitor.model import Action, Result, Status
+from gpu_monitor.remediate.actuator import ResetOutcome
+from gpu_monitor.remediate.k8s.delivery import KubeDelivery
+from gpu_monitor.remediate.k8s.drain import DrainPolicy
+from gpu_monitor.remediate.remediator import Remediator
+from gpu_monitor.remediate.settings import Timing
+from gpu_monitor.state import Store
+from tests.kube.client_helpers import kube_for
 from tests.kube.fake_apiserver import FakeApiServer
-
-# The fake answers in two writes (headers, then body) on a socket with Nagle's algorithm on, so
-# with the client's delayed ACK every keep-alive request waits ~40 ms. The real apiserver (Go's
-# net/http) sets TCP_NODELAY; so does this, for the fake's handler class (reported upstream).
-fake_apiserver_http.FakeRequestHandler.disable_nagle_algorithm = True
-
-from gpu_monitor.clock import Clock  # noqa: E402
-from gpu_monitor.config import parse_config  # noqa: E402
-from gpu_monitor.host_actuator import HostActuator  # noqa: E402
-from gpu_monitor.hw.paths import HostPaths  # noqa: E402
-from gpu_monitor.model import Action, Result, Status  # noqa: E402
-from gpu_monitor.remediate.actuator import ResetOutcome  # noqa: E402
-from gpu_monitor.remediate.k8s.delivery import KubeDelivery  # noqa: E402
-from gpu_monitor.remediate.k8s.drain import DrainPolicy  # noqa: E402
-from gpu_monitor.remediate.remediator import Remediator  # noqa: E402
-from gpu_monitor.remediate.settings import Timing  # noqa: E402
-from gpu_monitor.state import Store  # noqa: E402
 
 NODE = "gpu-node-1"  # the node the daemon under test runs on
 NAMESPACE = "gpu-monitor"
@@ -73,17 +67,6 @@ def config(**remediation: Any):
     rem["breaker"] = {"budget_fraction": 0.1, "max_nodes": 20, "cooldown_s": 600.0,
                       "ttl_s": 3600.0, **breaker}
     return parse_config({"remediation": rem}, env={"NODE_NAME": "test"})
-
-
-def kube_for(fake: FakeApiServer, clock: Clock | None = None, retry_deadline_s: float = 8.0,
-             qps: float = 0.0):
-    """A `Kube` on a real `kubernetes.client.ApiClient` pointed at the fake."""
-    from kubernetes import client
-
-    from gpu_monitor.kube.client import Kube
-
-    api = client.ApiClient(client.Configuration(host=fake.url))
-    return Kube(api, clock or Clock(), retry_deadline_s=retry_deadline_s, qps=qps)
 
 
 def xid(code: int = 79, gpu: int = 3, action: Action | None = None,

@@ -14,13 +14,13 @@ from gpu_monitor.model import iso
 from gpu_monitor.remediate.breaker import budget_for
 from gpu_monitor.remediate.k8s.breaker import BreakerSettings, ConfigMapBreaker
 from gpu_monitor.state import Store
+from tests.kube.client_helpers import kube_for
 from tests.remediate.remediate_helpers import (
     BREAKER,
     NAMESPACE,
     FakeApiServer,
     breaker_data,
     config,
-    kube_for,
     our_taints,
     remediator,
     seed_breaker,

@@ -9,11 +9,11 @@ import pytest
 
 from gpu_monitor.remediate.cli import register
 from gpu_monitor.remediate.k8s.node import ANNOTATIONS
+from tests.kube.client_helpers import kube_for
 from tests.remediate.remediate_helpers import (
     NODE,
     FakeApiServer,
     breaker_data,
-    kube_for,
     remediator,
     seed_breaker,
     xid,

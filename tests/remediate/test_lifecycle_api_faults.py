@@ -14,12 +14,12 @@ from datetime import datetime, timedelta, timezone
 from gpu_monitor.clock import FakeClock
 from gpu_monitor.model import parse_iso
 from gpu_monitor.remediate.k8s.node import ANNOTATIONS, NodeClient
+from tests.kube.client_helpers import kube_for
 from tests.remediate.remediate_helpers import (
     NODE,
     config,
     event_reasons,
     events_for,
-    kube_for,
     ok,
     our_taints,
     patch_as_human,

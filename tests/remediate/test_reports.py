@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -19,11 +20,11 @@ from gpu_monitor.remediate.reports import (
     report_object,
 )
 from gpu_monitor.state import Store
+from tests.kube.client_helpers import kube_for
 from tests.remediate.remediate_helpers import (
     NODE,
     FakeApiServer,
     Resets,
-    kube_for,
     our_conditions,
     remediator,
     writes_to,
@@ -220,3 +221,27 @@ def test_a_missing_crd_warns_once_backs_off_and_recovers_when_it_appears(tmp_pat
     finally:
         src.stop()
         server.stop()
+
+
+def test_watch_of_reports_runs_in_its_own_thread(cluster, tmp_path):
+    fake = cluster(NODE, breaker=False)
+    got = threading.Event()
+    fake.add_namespace("gpu-monitor")
+    r = remediator(fake, tmp_path)
+    src = r.reports
+    results = []
+
+    def deliver(batch):
+        results.extend(batch)
+        got.set()
+
+    src.start_watch(deliver)
+    try:
+        kube = kube_for(fake)
+        kube.create_custom("gpu-monitor.io", "v1alpha1", "gpu-monitor", "gpuhealthreports",
+                           report_object(NODE, "SdcAlarm", "sdc-library", {"step": 7},
+                                         r.clock.now(), "gpu-monitor"))
+        assert got.wait(10)
+    finally:
+        src.stop()
+    assert [(x.check, x.reason) for x in results] == [("health_report", "SdcAlarm")]

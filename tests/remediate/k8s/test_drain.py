@@ -10,7 +10,8 @@ import pytest
 
 from gpu_monitor.clock import Clock
 from gpu_monitor.remediate.k8s.drain import DrainPolicy, drain_node, requests_gpu, select_pods
-from tests.remediate.remediate_helpers import FAST_DRAIN, NODE, kube_for
+from tests.kube.client_helpers import kube_for
+from tests.remediate.remediate_helpers import FAST_DRAIN, NODE
 
 ALL_PODS = replace(FAST_DRAIN, gpu_pods_only=False)
 

