@@ -31,8 +31,8 @@ from gpu_monitor.profiles import (
     setting_spec,
 )
 from gpu_monitor.profiles.schema import MAX_SECONDS, Map, Nullable, Num, Partial, Spec
+from tests.conftest import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 # The lookup itself (its parameters are the caller's check and key, not settings).
 IMPLEMENTATION = {"gpu_monitor/check.py", "gpu_monitor/config.py",
                   "gpu_monitor/profiles/profile.py"}
